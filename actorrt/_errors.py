@@ -1,0 +1,154 @@
+"""Every exception actorrt raises on purpose.
+
+All derive from :class:`ActorRTError`. They are split by meaning, in the spirit of
+trio's ``ClosedResourceError`` (you closed it) versus ``BrokenResourceError`` (the
+other side broke it):
+
+* loading: :class:`ModelLoadError`;
+* compiling a plan: :class:`UnsupportedOperatorError`;
+* calling ``run``: :class:`InvalidArgumentError`, :class:`KernelError`,
+  :class:`OutOfMemoryError`;
+* lifetime: :class:`SessionClosedError` (closed by you) versus
+  :class:`ProviderBrokenError` (a provider actor crashed).
+
+Each message names the model and, where one is involved, the node and input.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorRTError",
+    "ModelLoadError",
+    "UnsupportedOperatorError",
+    "InvalidArgumentError",
+    "KernelError",
+    "OutOfMemoryError",
+    "SessionClosedError",
+    "ProviderBrokenError",
+    "GenerationError",
+]
+
+
+class ActorRTError(Exception):
+    """Base class of every error actorrt raises on purpose.
+
+    Attributes:
+        model: name (or path) of the model involved, or ``None``.
+        node: name of the node involved, or ``None``.
+    """
+
+    def __init__(self, message: str, *, model: str | None = None, node: str | None = None):
+        self.model = model
+        self.node = node
+        prefix = []
+        if model:
+            prefix.append(f"model {model!r}")
+        if node:
+            prefix.append(f"node {node!r}")
+        self.message = message
+        super().__init__(f"[{', '.join(prefix)}] {message}" if prefix else message)
+
+
+class ModelLoadError(ActorRTError):
+    """The model could not be loaded.
+
+    Raised by ``open_session`` / ``InferenceSession`` for a malformed protobuf, a
+    missing file, a missing external-data file, or external data whose location
+    escapes the model's folder (refused for safety).
+    """
+
+
+class UnsupportedOperatorError(ActorRTError):
+    """No registered execution provider can run a node.
+
+    Attributes:
+        op_type: the operator type, e.g. ``"Conv"``.
+        domain: the operator domain (``""`` for ai.onnx).
+        opset: the opset version of that domain the model imports.
+        reasons: mapping provider name -> that provider's decline reason.
+    """
+
+    def __init__(self, message: str, *, op_type: str, domain: str, opset: int,
+                 reasons: dict[str, str] | None = None, model: str | None = None,
+                 node: str | None = None):
+        self.op_type = op_type
+        self.domain = domain
+        self.opset = opset
+        self.reasons = dict(reasons or {})
+        if self.reasons:
+            message += "; " + "; ".join(f"{p}: {r}" for p, r in self.reasons.items())
+        super().__init__(message, model=model, node=node)
+
+
+class InvalidArgumentError(ActorRTError, ValueError):
+    """A caller passed a bad argument: an unknown or missing input, a wrong dtype,
+    a wrong rank, an incompatible static dimension, an unknown output name.
+
+    Attributes:
+        input: the input (or output) name involved, or ``None``.
+        expected: what was expected, as text, or ``None``.
+        got: what was passed, as text, or ``None``.
+    """
+
+    def __init__(self, message: str, *, input: str | None = None, expected: str | None = None,
+                 got: str | None = None, model: str | None = None, node: str | None = None):
+        self.input = input
+        self.expected = expected
+        self.got = got
+        if expected is not None or got is not None:
+            message += f" (expected {expected}, got {got})"
+        super().__init__(message, model=model, node=node)
+
+
+class KernelError(ActorRTError):
+    """A kernel failed while running a node. ``__cause__`` holds the original error.
+
+    Attributes:
+        op_type: the operator type of the failing node.
+    """
+
+    def __init__(self, message: str, *, op_type: str | None = None, model: str | None = None,
+                 node: str | None = None):
+        self.op_type = op_type
+        super().__init__(message, model=model, node=node)
+
+
+class OutOfMemoryError(ActorRTError, MemoryError):
+    """An allocation would exceed a provider's memory limit, or its byte count
+    overflows. Raised *before* anything is allocated.
+
+    Attributes:
+        requested: bytes asked for (may be astronomically large).
+        in_use: bytes the provider held when asked.
+        limit: the provider's limit in bytes, or ``None`` when unlimited.
+        role: what the memory was for (``"weights"``, ``"activations"``,
+            ``"kv-cache"``, ``"workspace"``, ``"bindings"``).
+        provider: the provider's name.
+    """
+
+    def __init__(self, message: str, *, requested: int, in_use: int, limit: int | None,
+                 role: str, provider: str, model: str | None = None, node: str | None = None):
+        self.requested = requested
+        self.in_use = in_use
+        self.limit = limit
+        self.role = role
+        self.provider = provider
+        lim = "unlimited" if limit is None else f"{limit} bytes"
+        message += (f" (provider {provider}: requested {requested} bytes for {role}, "
+                    f"{in_use} bytes in use, limit {lim})")
+        super().__init__(message, model=model, node=node)
+
+
+class SessionClosedError(ActorRTError):
+    """The session (or one of its providers, tensors or bindings) was closed by
+    its owner and can no longer be used."""
+
+
+class ProviderBrokenError(ActorRTError):
+    """A provider actor crashed; the session that used it cannot run any more.
+    ``__cause__`` holds the crash."""
+
+
+class GenerationError(ActorRTError):
+    """A generation request is invalid (e.g. a prompt longer than the context
+    window, a request that can never fit the KV budget)."""

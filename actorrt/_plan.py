@@ -1,0 +1,949 @@
+"""Compiling a graph into an execution plan.
+
+A plan is built once per session (and once per control-flow subgraph):
+
+1. every node becomes a :class:`~actorrt.providers.NodeSpec`; nodes whose inputs
+   are all constants are folded now, with the engine's own kernels;
+2. placement: each node goes to the provider with the lowest estimated cost
+   (compute + transfer at boundaries); every decline is recorded;
+3. kernels are instantiated and prepack their constant inputs;
+4. nodes are grouped into *segments*, runs of nodes on one provider that execute
+   back to back; independent heavy branches become separate segments that the
+   scheduler may run concurrently;
+5. each segment is compiled to a Python function whose locals are the values:
+   a node costs one call of its kernel and nothing else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import traceback
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+import onnx_ir as ir
+
+from . import _dtypes
+from ._errors import (ActorRTError, InvalidArgumentError, KernelError, OutOfMemoryError,
+                      UnsupportedOperatorError)
+from .providers._contract import (Cost, Kernel, KernelSizedOutput, NodeSpec, Supported,
+                                  Unsupported, ValueType)
+
+__all__ = ["Plan", "Step", "Segment", "PlanOptions", "compile_plan", "NodePlacement",
+           "value_type_of"]
+
+#: Ops never folded at plan time (their outputs differ between runs).
+NONDETERMINISTIC = frozenset({
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+    "Multinomial", "Bernoulli",
+})
+
+#: Largest constant (elements) folding may create.
+FOLD_LIMIT_ELEMENTS = 1 << 22
+
+
+@attrs.frozen
+class PlanOptions:
+    """Compile-time knobs.
+
+    Attributes:
+        fold_constants: evaluate all-constant nodes at plan time.
+        parallel: allow several segments per provider so independent branches
+            run concurrently (False: one segment per provider run).
+        segment_threshold_us: a branch estimated cheaper than this (µs) is merged
+            into a neighbour rather than paying a message to run alone.
+        tracer: a tracing collector; ``None`` compiles code with no trace hooks.
+    """
+
+    fold_constants: bool = True
+    parallel: bool = True
+    segment_threshold_us: float = 200.0
+    tracer: Any = None
+
+
+@attrs.define(eq=False)
+class Step:
+    """One node in a compiled plan."""
+
+    index: int
+    node: NodeSpec
+    provider: Any
+    kernel: Kernel | None = None
+    fn: Callable | None = None
+    inputs: tuple[int, ...] = ()
+    outputs: tuple[int, ...] = ()
+    outer: tuple[tuple[str, int], ...] = ()
+    cost: Cost = Cost()
+
+
+@attrs.define(eq=False)
+class Segment:
+    """Nodes that run back to back on one provider.
+
+    Attributes:
+        loads: slots read from the run's environment (graph inputs and values
+            other segments produced).
+        stores: slots written to the environment (graph outputs and values other
+            segments read).
+        fn: the compiled function ``fn(env) -> None``.
+        cost_us: summed estimate of the steps (µs).
+    """
+
+    index: int
+    provider: Any
+    steps: list[Step]
+    preds: set[int] = attrs.Factory(set)
+    succs: set[int] = attrs.Factory(set)
+    loads: tuple[int, ...] = ()
+    stores: tuple[int, ...] = ()
+    fn: Callable | None = None
+    cost_us: float = 0.0
+    source: str = ""
+    line_map: dict[int, Step] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class NodePlacement:
+    """Where one node runs and why.
+
+    Attributes:
+        node: the node's name.
+        op_type: its operator type.
+        provider: the chosen provider's name (``"constant"`` when folded).
+        candidates: provider name -> estimated total µs (float) or decline reason (str).
+    """
+
+    node: str
+    op_type: str
+    provider: str
+    candidates: dict[str, float | str]
+
+
+@attrs.frozen
+class IOSpec:
+    """A graph input or output as a session reports it."""
+
+    name: str
+    slot: int
+    type: ValueType
+    default: Any = None  # initializer value for overridable inputs
+    has_default: bool = False
+
+    @property
+    def shape(self) -> list[int | str | None]:
+        return list(self.type.shape) if self.type.shape is not None else []
+
+    @property
+    def type_str(self) -> str:
+        return type_string(self.type)
+
+
+def type_string(vt: ValueType) -> str:
+    """onnxruntime-style type string, e.g. ``'tensor(float)'``, ``'seq(tensor(int64))'``."""
+    if vt.kind == "tensor":
+        return f"tensor({_dtypes.type_string(vt.dtype)})" if vt.dtype else "tensor(undefined)"
+    if vt.kind == "sequence":
+        return f"seq({type_string(vt.elem)})" if vt.elem else "seq(undefined)"
+    if vt.kind == "optional":
+        return f"optional({type_string(vt.elem)})" if vt.elem else "optional(undefined)"
+    return vt.kind
+
+
+def value_type_of(t: ir.TypeProtocol | None, shape: ir.Shape | None) -> ValueType:
+    """The :class:`ValueType` of an onnx-ir type and shape."""
+    if t is None:
+        return ValueType(kind="unknown")
+    if isinstance(t, ir.TensorType):
+        dims = None
+        if shape is not None:
+            dims = tuple(d if isinstance(d, int) else (d.value if d.value is not None else None)
+                         for d in shape.dims)
+        return ValueType("tensor", int(t.dtype), dims)
+    if isinstance(t, ir.SequenceType):
+        return ValueType("sequence", int(t.dtype) if t.dtype is not None else None, None,
+                         value_type_of(t.elem_type, None))
+    if isinstance(t, ir.OptionalType):
+        return ValueType("optional", int(t.dtype) if t.dtype is not None else None, None,
+                         value_type_of(t.elem_type, None))
+    if isinstance(t, ir.SparseTensorType):
+        return ValueType("sparse", int(t.dtype), None)
+    return ValueType(kind="unknown")
+
+
+def tensor_to_numpy(t: ir.TensorProtocol) -> np.ndarray:
+    """An onnx-ir tensor as numpy (strings as an object array of ``str``)."""
+    arr = t.numpy()
+    if t.dtype == ir.DataType.STRING:
+        flat = [x.decode("utf-8") if isinstance(x, bytes) else x for x in arr.reshape(-1)]
+        out = np.empty(len(flat), dtype=object)
+        out[:] = flat
+        return out.reshape(arr.shape)
+    return arr
+
+
+def attr_value(a: ir.Attr) -> Any:
+    """Python value of an onnx-ir attribute."""
+    T = ir.AttributeType
+    v = a.value
+    if a.type == T.TENSOR:
+        return tensor_to_numpy(v)
+    if a.type == T.TENSORS:
+        return [tensor_to_numpy(x) for x in v]
+    if a.type in (T.INTS, T.FLOATS):
+        return list(v)
+    if a.type == T.STRINGS:
+        return [x.decode("utf-8") if isinstance(x, bytes) else x for x in v]
+    if a.type == T.STRING:
+        return v.decode("utf-8") if isinstance(v, bytes) else v
+    if a.type == T.GRAPHS:
+        return list(v)
+    return v
+
+
+def _free_names(graph: ir.Graph) -> set[str]:
+    """Names a subgraph reads from enclosing scopes (recursively)."""
+    defined = {v.name for v in graph.inputs} | set(graph.initializers)
+    used: set[str] = set()
+    for node in graph:
+        for v in node.inputs:
+            if v is not None and v.name:
+                used.add(v.name)
+        for a in node.attributes.values():
+            if a.type == ir.AttributeType.GRAPH:
+                used |= _free_names(a.value)
+            elif a.type == ir.AttributeType.GRAPHS:
+                for g in a.value:
+                    used |= _free_names(g)
+        for v in node.outputs:
+            if v.name:
+                defined.add(v.name)
+    return used - defined
+
+
+class Plan:
+    """A compiled graph. Built by :func:`compile_plan`; run by the scheduler
+    (``actorrt._executor``) or synchronously with :meth:`run_sync`.
+
+    Attributes:
+        model_name: the model's display name (errors name it).
+        inputs / outputs: :class:`IOSpec` lists in graph order.
+        steps: every non-folded node.
+        segments: the segment DAG.
+        placement: one :class:`NodePlacement` per node (folded ones included).
+        nslots: size of a run's value environment.
+    """
+
+    def __init__(self) -> None:
+        self.model_name = ""
+        self.inputs: list[IOSpec] = []
+        self.outputs: list[IOSpec] = []
+        self.output_consts: dict[int, Any] = {}
+        self.steps: list[Step] = []
+        self.segments: list[Segment] = []
+        self.placement: list[NodePlacement] = []
+        self.nslots = 0
+        self.slot_names: list[str] = []
+        self.outer_inputs: list[tuple[str, int]] = []
+        self.release_counts: dict[int, int] = {}
+        self.tracer = None
+        self._input_index = {}
+
+    # ------------------------------------------------------------ running
+    def new_env(self) -> list:
+        return [None] * self.nslots
+
+    def collect_outputs(self, env: list, indices: Sequence[int] | None = None) -> list:
+        outs = self.outputs if indices is None else [self.outputs[i] for i in indices]
+        res = []
+        for o in outs:
+            if o.slot in self.output_consts:
+                res.append(self.output_consts[o.slot])
+            else:
+                v = env[o.slot]
+                res.append(np.asarray(v) if isinstance(v, np.generic) else v)
+        return res
+
+    def run_segment(self, seg: Segment, env: list) -> None:
+        """Run one segment in the calling thread, mapping failures to typed errors."""
+        try:
+            seg.fn(env)
+        except BaseException as exc:  # noqa: BLE001 - re-raised typed
+            raise self.translate_error(seg, exc) from exc
+
+    def run_sync(self, env: list) -> None:
+        """Run every segment in order in this thread (subgraphs, folding)."""
+        for seg in self.segments:
+            self.run_segment(seg, env)
+
+    def translate_error(self, seg: Segment, exc: BaseException) -> BaseException:
+        """A typed error naming the failing node of ``seg``."""
+        if not isinstance(exc, Exception):
+            return exc
+        step = None
+        tb = exc.__traceback__
+        fname = f"<actorrt segment {id(seg)}>"
+        for frame, lineno in traceback.walk_tb(tb):
+            if frame.f_code.co_filename == fname:
+                step = seg.line_map.get(lineno)
+        node = step.node if step is not None else None
+        if isinstance(exc, ActorRTError):
+            if exc.node is None and node is not None:
+                exc.node = node.name
+            return exc
+        if isinstance(exc, MemoryError):
+            return OutOfMemoryError(f"{node.op_type if node else 'a kernel'} could not allocate: "
+                                    f"{exc}", requested=-1, in_use=0, limit=None,
+                                    role="activations", provider=seg.provider.name,
+                                    model=self.model_name, node=node.name if node else None)
+        op = node.op_type if node else "?"
+        return KernelError(f"{op} kernel on provider {seg.provider.name} failed: "
+                           f"{type(exc).__name__}: {exc}", op_type=op, model=self.model_name,
+                           node=node.name if node else None)
+
+    # ------------------------------------------------------------ feeds
+    def bind_feeds(self, feeds: dict, env: list) -> None:
+        """Validate ``feeds`` against the graph inputs and store them in ``env``.
+
+        Raises:
+            InvalidArgumentError: unknown or missing input, wrong type, dtype, rank
+                or static dim.
+        """
+        if not isinstance(feeds, dict):
+            raise InvalidArgumentError("feeds must be a dict of input name -> value",
+                                       expected="dict", got=type(feeds).__name__,
+                                       model=self.model_name)
+        index = self._input_index
+        for name, value in feeds.items():
+            spec = index.get(name)
+            if spec is None:
+                raise InvalidArgumentError(
+                    f"unknown input {name!r}", input=name,
+                    expected=f"one of {[i.name for i in self.inputs]}", got=repr(name),
+                    model=self.model_name)
+            env[spec.slot] = _check_value(spec, value, self.model_name)
+        if len(feeds) != len(self.inputs):
+            for spec in self.inputs:
+                if spec.name not in feeds:
+                    if spec.has_default:
+                        env[spec.slot] = spec.default
+                    elif spec.type.kind == "optional":
+                        env[spec.slot] = None
+                    else:
+                        raise InvalidArgumentError(
+                            f"missing input {spec.name!r}", input=spec.name,
+                            expected=f"a {type_string(spec.type)} of shape {spec.shape}",
+                            got="nothing", model=self.model_name)
+
+
+def _check_value(spec: IOSpec, value: Any, model: str) -> Any:
+    vt = spec.type
+    if vt.kind == "tensor":
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, (np.generic, int, float, bool, list, tuple)):
+                value = np.asarray(value)
+            elif hasattr(value, "__array__"):
+                value = np.asarray(value)
+            else:
+                raise InvalidArgumentError(
+                    f"input {spec.name!r} must be a numpy array", input=spec.name,
+                    expected=type_string(vt), got=type(value).__name__, model=model)
+        if vt.dtype is not None:
+            want = _dtypes.to_numpy_dtype(vt.dtype)
+            got = value.dtype
+            if got != want and not (want == np.dtype(object) and got.kind in "OUS"):
+                raise InvalidArgumentError(
+                    f"input {spec.name!r} has the wrong element type", input=spec.name,
+                    expected=type_string(vt), got=f"tensor({_np_name(got)})", model=model)
+            if want == np.dtype(object) and got.kind in "US":
+                value = value.astype(object)
+        if vt.shape is not None:
+            if value.ndim != len(vt.shape):
+                raise InvalidArgumentError(
+                    f"input {spec.name!r} has the wrong rank", input=spec.name,
+                    expected=f"rank {len(vt.shape)} {list(vt.shape)}",
+                    got=f"rank {value.ndim} {list(value.shape)}", model=model)
+            for axis, (d, g) in enumerate(zip(vt.shape, value.shape)):
+                if isinstance(d, int) and d != g:
+                    raise InvalidArgumentError(
+                        f"input {spec.name!r} has an incompatible dimension {axis}",
+                        input=spec.name, expected=f"shape {list(vt.shape)}",
+                        got=f"shape {list(value.shape)}", model=model)
+        return value
+    if vt.kind == "sequence":
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgumentError(f"input {spec.name!r} must be a list (an ONNX sequence)",
+                                       input=spec.name, expected=type_string(vt),
+                                       got=type(value).__name__, model=model)
+        return list(value)
+    return value
+
+
+def _np_name(dt: np.dtype) -> str:
+    try:
+        return _dtypes.type_string(_dtypes.from_numpy_dtype(dt))
+    except Exception:
+        return str(dt)
+
+
+# ======================================================================== compile
+
+class _Compiler:
+    def __init__(self, graph: ir.Graph, opsets: dict[str, int], providers: Sequence[Any],
+                 options: PlanOptions, model_name: str, outer: Sequence[str] = (),
+                 shared: dict | None = None):
+        self.graph = graph
+        self.opsets = opsets
+        self.providers = list(providers)
+        self.options = options
+        self.model_name = model_name
+        self.outer = list(outer)
+        self.plan = Plan()
+        self.plan.model_name = model_name
+        self.plan.tracer = options.tracer
+        self.slots: dict[str, int] = {}
+        self.types: dict[str, ValueType] = {}
+        self.consts: dict[str, Any] = {}
+        self.shared = shared if shared is not None else {}
+        self._names = itertools.count()
+        self.host_provider = next((p for p in self.providers if p.name == "cpu"),
+                                  self.providers[0])
+
+    def slot(self, name: str) -> int:
+        s = self.slots.get(name)
+        if s is None:
+            s = self.slots[name] = len(self.slots)
+            self.plan.slot_names.append(name)
+        return s
+
+    def compile(self) -> Plan:
+        g = self.graph
+        plan = self.plan
+        # scope: outer names, inputs, initializers
+        for name in self.outer:
+            plan.outer_inputs.append((name, self.slot(name)))
+        input_names = set()
+        for v in g.inputs:
+            vt = value_type_of(v.type, v.shape)
+            self.types[v.name] = vt
+            input_names.add(v.name)
+        for name, v in g.initializers.items():
+            if v.const_value is None:
+                continue
+            arr = tensor_to_numpy(v.const_value)
+            self.types[name] = ValueType("tensor", int(v.const_value.dtype), tuple(arr.shape))
+            if name not in input_names:
+                self.consts[name] = arr
+        for v in g.inputs:
+            init = g.initializers.get(v.name)
+            default = None
+            has_default = False
+            if init is not None and init.const_value is not None:
+                default = tensor_to_numpy(init.const_value)
+                has_default = True
+            plan.inputs.append(IOSpec(v.name, self.slot(v.name), self.types[v.name], default,
+                                      has_default))
+        plan._input_index = {i.name: i for i in plan.inputs}
+
+        pending: list[Step] = []
+        for node in g:
+            spec = self.node_spec(node)
+            if self.try_fold(spec):
+                continue
+            pending.append(Step(len(pending), spec, None))
+        self.place(pending)
+        self.instantiate(pending)
+        plan.steps = pending
+        # outputs
+        for v in g.outputs:
+            vt = value_type_of(v.type, v.shape)
+            if vt.kind == "unknown" and v.name in self.types:
+                vt = self.types[v.name]
+            slot = self.slot(v.name)
+            if v.name in self.consts:
+                plan.output_consts[slot] = self.consts[v.name]
+            plan.outputs.append(IOSpec(v.name, slot, vt))
+        self.segment(pending)
+        for seg in plan.segments:
+            _codegen(plan, seg, self.consts, self.slots, options=self.options)
+        plan.nslots = len(self.slots)
+        return plan
+
+    # ---------------------------------------------------------------- nodes
+    def node_spec(self, node: ir.Node) -> NodeSpec:
+        name = node.name or f"{node.op_type}_{next(self._names)}"
+        domain = node.domain or ""
+        opset = node.version or self.opsets.get(domain) or (
+            self.opsets.get("ai.onnx", 0) if domain == "" else 1)
+        attrs_ = {k: attr_value(a) for k, a in node.attributes.items()}
+        inputs = tuple(v.name if v is not None else "" for v in node.inputs)
+        outputs = tuple(v.name if v is not None else "" for v in node.outputs)
+        in_types = tuple(self.types.get(n) if n else None for n in inputs)
+        out_types = []
+        for v in node.outputs:
+            vt = value_type_of(v.type, v.shape)
+            out_types.append(vt)
+            if v.name:
+                self.types[v.name] = vt
+        consts = {i: self.consts[n] for i, n in enumerate(inputs) if n and n in self.consts}
+        outer: tuple[str, ...] = ()
+        subgraphs = [a.value for a in node.attributes.values() if a.type == ir.AttributeType.GRAPH]
+        for a in node.attributes.values():
+            if a.type == ir.AttributeType.GRAPHS:
+                subgraphs.extend(a.value)
+        if subgraphs:
+            free: set[str] = set()
+            for sg in subgraphs:
+                free |= _free_names(sg)
+            outer = tuple(sorted(free))
+        return NodeSpec(name=name, op_type=node.op_type, domain=domain, opset=int(opset),
+                        attrs=attrs_, inputs=inputs, outputs=outputs, input_types=in_types,
+                        output_types=tuple(out_types), constant_inputs=consts,
+                        model=self.model_name, compile_subgraph=self.compile_subgraph,
+                        outer_scope=outer)
+
+    def compile_subgraph(self, graph: ir.Graph) -> "SubgraphRunner":
+        outer = sorted(_free_names(graph))
+        sub = _Compiler(graph, self.opsets, self.providers,
+                        attrs.evolve(self.options, parallel=False, tracer=None),
+                        self.model_name, outer=outer, shared=self.shared)
+        # the parent's constants are visible inside subgraphs
+        for n in outer:
+            if n in self.types:
+                sub.types[n] = self.types[n]
+        return SubgraphRunner(sub.compile())
+
+    def try_fold(self, spec: NodeSpec) -> bool:
+        if not self.options.fold_constants or spec.op_type in NONDETERMINISTIC:
+            return False
+        if spec.outer_scope or any(isinstance(v, ir.Graph) for v in spec.attrs.values()):
+            return False
+        present = [n for n in spec.inputs if n]
+        if any(n not in self.consts for n in present):
+            return False
+        if spec.op_type == "Constant" or present:
+            pass
+        else:
+            return False
+        cpu = self.host_provider
+        match = cpu.supports_op(spec)
+        if not isinstance(match, Supported):
+            return False
+        try:
+            kernel = cpu.create_kernel(spec)
+            kernel.prepare(spec.constant_inputs, {})
+            fn = kernel.compile()
+            args = [self.consts[n] if n else None for n in spec.inputs]
+            res = fn(*args)
+        except Exception:
+            return False  # the error surfaces at run time, on the node
+        outs = res if kernel.multi_output else (res,)
+        outs = [_materialise_sized(o) if isinstance(o, KernelSizedOutput) else o for o in outs]
+        for o in outs:
+            if isinstance(o, np.ndarray) and o.size > FOLD_LIMIT_ELEMENTS:
+                return False
+            if not isinstance(o, np.ndarray):
+                return False
+        if len([n for n in spec.outputs if n]) > len(outs):
+            return False
+        for name, o in zip(spec.outputs, outs):
+            if name:
+                self.consts[name] = o
+                self.types[name] = ValueType("tensor", int(_dtypes.from_numpy_dtype(o.dtype)),
+                                             tuple(o.shape))
+        self.plan.placement.append(NodePlacement(spec.name, spec.op_type, "constant",
+                                                 {cpu.name: "folded at plan time"}))
+        return True
+
+    # ------------------------------------------------------------ placement
+    def place(self, steps: list[Step]) -> None:
+        where: dict[str, Any] = {}
+        for step in steps:
+            spec = step.node
+            cands: dict[str, float | str] = {}
+            best = None
+            best_cost = None
+            for p in self.providers:
+                try:
+                    m = p.supports_op(spec)
+                except Exception as e:  # a provider's check itself failed
+                    m = Unsupported(f"supports_op raised {type(e).__name__}: {e}")
+                if isinstance(m, Unsupported):
+                    cands[p.name] = m.reason
+                    continue
+                cost = m.cost
+                transfer = 0.0
+                for n in spec.inputs:
+                    src = where.get(n)
+                    if src is not None and src is not p:
+                        transfer += p.transfer_us(self.types.get(n))
+                cost = cost.with_transfer(transfer) if transfer else cost
+                cands[p.name] = cost.total_us
+                if best_cost is None or cost.total_us < best_cost.total_us:
+                    best, best_cost = p, cost
+            if best is None:
+                raise UnsupportedOperatorError(
+                    f"no execution provider can run {spec.domain or 'ai.onnx'}:{spec.op_type} "
+                    f"(opset {spec.opset})", op_type=spec.op_type, domain=spec.domain,
+                    opset=spec.opset, reasons={k: str(v) for k, v in cands.items()},
+                    model=self.model_name, node=spec.name)
+            step.provider = best
+            step.cost = best_cost
+            for n in spec.outputs:
+                if n:
+                    where[n] = best
+            self.plan.placement.append(NodePlacement(spec.name, spec.op_type, best.name, cands))
+
+    def instantiate(self, steps: list[Step]) -> None:
+        for step in steps:
+            spec = step.node
+            try:
+                k = step.provider.create_kernel(spec)
+                shared = self.shared.setdefault(id(spec.name) if False else spec.name, {})
+                k.prepare(spec.constant_inputs, shared)
+            except ActorRTError:
+                raise
+            except Exception as e:
+                raise KernelError(f"building the {spec.op_type} kernel failed: "
+                                  f"{type(e).__name__}: {e}", op_type=spec.op_type,
+                                  model=self.model_name, node=spec.name) from e
+            step.kernel = k
+            step.fn = k.compile()
+            step.inputs = tuple(self.slot(n) if n else -1 for n in spec.inputs)
+            step.outputs = tuple(self.slot(n) if n else -1 for n in spec.outputs)
+            step.outer = tuple((n, self.slot(n)) for n in spec.outer_scope)
+
+    # ----------------------------------------------------------- segments
+    def segment(self, steps: list[Step]) -> None:
+        plan = self.plan
+        producer: dict[int, int] = {}  # slot -> step index
+        for s in steps:
+            for o in s.outputs:
+                if o >= 0:
+                    producer[o] = s.index
+
+        def deps(s: Step) -> set[int]:
+            out = set()
+            for i in itertools.chain(s.inputs, (sl for _, sl in s.outer)):
+                p = producer.get(i)
+                if p is not None:
+                    out.add(p)
+            return out
+
+        step_deps = [deps(s) for s in steps]
+        seg_of: list[int] = [-1] * len(steps)
+        segs: list[list[Step]] = []
+        if not self.options.parallel:
+            cur = None
+            for s in steps:
+                if cur is None or segs[cur][0].provider is not s.provider:
+                    segs.append([])
+                    cur = len(segs) - 1
+                segs[cur].append(s)
+                seg_of[s.index] = cur
+        else:
+            extended: set[int] = set()  # step indices whose chain was extended
+            for s in steps:
+                target = None
+                for d in sorted(step_deps[s.index]):
+                    sd = seg_of[d]
+                    if (segs[sd][-1].index == d and d not in extended
+                            and segs[sd][0].provider is s.provider):
+                        target = sd
+                        extended.add(d)
+                        break
+                if target is None:
+                    segs.append([])
+                    target = len(segs) - 1
+                segs[target].append(s)
+                seg_of[s.index] = target
+            segs, seg_of = _merge_segments(segs, seg_of, step_deps,
+                                           self.options.segment_threshold_us)
+        # build Segment objects
+        for i, ss in enumerate(segs):
+            seg = Segment(i, ss[0].provider, ss)
+            seg.cost_us = sum(st.cost.total_us for st in ss)
+            plan.segments.append(seg)
+        for s in steps:
+            for d in step_deps[s.index]:
+                a, b = seg_of[d], seg_of[s.index]
+                if a != b:
+                    plan.segments[b].preds.add(a)
+                    plan.segments[a].succs.add(b)
+        # loads / stores
+        graph_out = {self.slot(v.name) for v in self.graph.outputs}
+        produced_in: dict[int, int] = {}
+        for seg in plan.segments:
+            for st in seg.steps:
+                for o in st.outputs:
+                    if o >= 0:
+                        produced_in[o] = seg.index
+        consumers: dict[int, set[int]] = {}
+        for seg in plan.segments:
+            for st in seg.steps:
+                for i in itertools.chain(st.inputs, (sl for _, sl in st.outer)):
+                    if i >= 0 and self.plan.slot_names[i] not in self.consts:
+                        consumers.setdefault(i, set()).add(seg.index)
+        for seg in plan.segments:
+            loads = sorted(i for i, cs in consumers.items()
+                           if seg.index in cs and produced_in.get(i) != seg.index)
+            stores = sorted(o for o, p in produced_in.items() if p == seg.index and (
+                o in graph_out or any(c != seg.index for c in consumers.get(o, ()))))
+            seg.loads, seg.stores = tuple(loads), tuple(stores)
+        # cross-segment values released once their last consumer segment finished
+        for slot, cs in consumers.items():
+            if slot not in graph_out and len(cs) >= 1 and (
+                    produced_in.get(slot) is not None or True):
+                plan.release_counts[slot] = len(cs)
+        for slot in graph_out:
+            plan.release_counts.pop(slot, None)
+        for name, slot in plan.outer_inputs:
+            plan.release_counts.pop(slot, None)
+        for spec in plan.inputs:
+            plan.release_counts.pop(spec.slot, None)
+
+
+def _merge_segments(segs, seg_of, step_deps, threshold_us):
+    """Merge cheap segments into neighbours and straight chains of segments,
+    keeping the segment graph acyclic."""
+    def seg_deps(k):
+        out = set()
+        for st in segs[k]:
+            for d in step_deps[st.index]:
+                if seg_of[d] != k:
+                    out.add(seg_of[d])
+        return out
+
+    changed = True
+    alive = [True] * len(segs)
+    while changed:
+        changed = False
+        preds = {k: seg_deps(k) for k in range(len(segs)) if alive[k]}
+        succs: dict[int, set[int]] = {k: set() for k in preds}
+        for k, ps in preds.items():
+            for p in ps:
+                succs[p].add(k)
+        for k in sorted(preds, key=lambda k: segs[k][0].index):
+            if not alive[k]:
+                continue
+            ps = preds[k]
+            cost = sum(st.cost.total_us for st in segs[k])
+            if len(ps) == 1:
+                (p,) = ps
+                if not alive[p] or segs[p][0].provider is not segs[k][0].provider:
+                    continue
+                if cost < threshold_us or len(succs[p]) == 1:
+                    # append k after p: k depends only on p
+                    for st in segs[k]:
+                        seg_of[st.index] = p
+                    segs[p] = sorted(segs[p] + segs[k], key=lambda st: st.index)
+                    alive[k] = False
+                    changed = True
+                    break
+            elif len(ps) == 0 and cost < threshold_us and len(succs[k]) == 1:
+                (q,) = succs[k]
+                if preds[q] == {k} and segs[q][0].provider is segs[k][0].provider:
+                    for st in segs[k]:
+                        seg_of[st.index] = q
+                    segs[q] = sorted(segs[k] + segs[q], key=lambda st: st.index)
+                    alive[k] = False
+                    changed = True
+                    break
+            elif len(ps) == 0 and cost < threshold_us:
+                # a cheap source branch: run it with another cheap source
+                others = [j for j in preds if j != k and alive[j] and not preds[j]
+                          and segs[j][0].provider is segs[k][0].provider]
+                if others:
+                    j = others[0]
+                    for st in segs[k]:
+                        seg_of[st.index] = j
+                    segs[j] = sorted(segs[j] + segs[k], key=lambda st: st.index)
+                    alive[k] = False
+                    changed = True
+                    break
+    remap = {}
+    out = []
+    for k, ss in enumerate(segs):
+        if alive[k]:
+            remap[k] = len(out)
+            out.append(ss)
+    seg_of = [remap[s] for s in seg_of]
+    # order segments topologically by their first step
+    order = sorted(range(len(out)), key=lambda k: out[k][0].index)
+    re2 = {old: new for new, old in enumerate(order)}
+    out = [out[k] for k in order]
+    seg_of = [re2[s] for s in seg_of]
+    return out, seg_of
+
+
+def _materialise_sized(o: KernelSizedOutput) -> np.ndarray:
+    """Check a kernel-sized output's dtype, shape and byte length, then wrap it
+    as an array (no copy for a numpy buffer).
+
+    Raises:
+        TypeError / ValueError: the buffer disagrees with its declared shape/dtype.
+    """
+    dtype = np.dtype(o.dtype)
+    shape = tuple(int(d) for d in o.shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"kernel-sized output has a negative dim: {shape}")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    data = o.data
+    if isinstance(data, np.ndarray):
+        if data.dtype != dtype:
+            raise TypeError(f"kernel-sized output is {data.dtype}, declared {dtype}")
+        if data.size != n:
+            raise ValueError(f"kernel-sized output holds {data.size} elements, shape {shape} "
+                             f"needs {n}")
+        return data.reshape(shape)
+    buf = memoryview(data)
+    if buf.nbytes != n * dtype.itemsize:
+        raise ValueError(f"kernel-sized output holds {buf.nbytes} bytes, shape {shape} of "
+                         f"{dtype} needs {n * dtype.itemsize}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+class SubgraphRunner:
+    """A compiled control-flow body: ``runner(inputs, outer) -> list of outputs``.
+
+    Attributes:
+        input_names / output_names: the body's formal inputs and outputs.
+        outer_names: outer-scope names the body reads (pass them in ``outer``).
+    """
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.input_names = [i.name for i in plan.inputs]
+        self.output_names = [o.name for o in plan.outputs]
+        self.outer_names = [n for n, _ in plan.outer_inputs]
+
+    def __call__(self, inputs: Sequence[Any], outer: dict | None = None) -> list:
+        plan = self.plan
+        env = plan.new_env()
+        for spec, v in zip(plan.inputs, inputs):
+            env[spec.slot] = v
+        if outer:
+            for name, slot in plan.outer_inputs:
+                if name in outer:
+                    env[slot] = outer[name]
+        plan.run_sync(env)
+        return plan.collect_outputs(env)
+
+
+# ======================================================================== codegen
+
+def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, int], *,
+             options: PlanOptions) -> None:
+    """Compile ``seg`` to ``fn(env)``: values are locals ``v<slot>``, kernels and
+    constants are default arguments, intermediates are deleted after their last
+    use in the segment."""
+    names = plan.slot_names
+    const_slots = {slots[n]: v for n, v in consts.items() if n in slots}
+    tracer = options.tracer
+    defaults: dict[str, Any] = {"_sized": _materialise_sized, "_contig": np.ascontiguousarray}
+    lines: list[str] = []
+    line_steps: list[Step | None] = []
+
+    def emit(text: str, step: Step | None = None) -> None:
+        lines.append("    " + text)
+        line_steps.append(step)
+
+    def ref(slot: int) -> str:
+        if slot < 0:
+            return "None"
+        if slot in const_slots:
+            defaults[f"c{slot}"] = const_slots[slot]
+            return f"c{slot}"
+        return f"v{slot}"
+
+    for slot in seg.loads:
+        emit(f"v{slot} = env[{slot}]")
+    # last use of each local inside the segment
+    last_use: dict[int, int] = {}
+    for k, st in enumerate(seg.steps):
+        for i in itertools.chain(st.inputs, (sl for _, sl in st.outer)):
+            if i >= 0:
+                last_use[i] = k
+    stores = set(seg.stores)
+    loads = set(seg.loads)
+    if tracer is not None:
+        from .tracing import _set_active
+        defaults["_span"] = tracer.op_span
+        defaults["_clock"] = tracer.clock
+        defaults["_act"] = _set_active
+        emit("_act(True)")
+    for k, st in enumerate(seg.steps):
+        kname = f"k{st.index}"
+        defaults[kname] = st.fn
+        args = []
+        strided_ok = st.kernel.accepts_strided
+        for i in st.inputs:
+            r = ref(i)
+            if not strided_ok and r != "None":
+                r = f"_contig({r})"
+            args.append(r)
+        if st.outer:
+            args.append("outer={" + ", ".join(f"{n!r}: {ref(sl)}" for n, sl in st.outer) + "}")
+        call = f"{kname}({', '.join(args)})"
+        outs = [o for o in st.outputs]
+        if tracer is not None:
+            emit("_t0 = _clock()", st)
+        if st.kernel.multi_output:
+            emit(f"_r = {call}", st)
+            for j, o in enumerate(outs):
+                if o >= 0:
+                    val = f"_r[{j}]"
+                    if st.kernel.kernel_sized_outputs:
+                        val = f"_sized({val})"
+                    emit(f"v{o} = {val}", st)
+        else:
+            o = outs[0] if outs else -1
+            target = f"v{o}" if o >= 0 else "_"
+            if st.kernel.kernel_sized_outputs:
+                call = f"_sized({call})"
+            emit(f"{target} = {call}", st)
+        if tracer is not None:
+            defaults[f"s{st.index}"] = st
+            ins = ", ".join(ref(i) for i in st.inputs)
+            outs_ = ", ".join(f"v{o}" for o in outs if o >= 0)
+            emit(f"_span(s{st.index}, _t0, ({ins}{',' if ins else ''}), ({outs_}{',' if outs_ else ''}))", st)
+        for o in outs:
+            if o >= 0 and o in stores:
+                emit(f"env[{o}] = v{o}", st)
+        # drop locals whose last use was this step
+        dead = [i for i in set(itertools.chain(st.inputs, (sl for _, sl in st.outer)))
+                if i >= 0 and last_use.get(i) == k and i not in const_slots]
+        for o in outs:
+            if o >= 0 and o not in last_use and o not in stores:
+                dead.append(o)
+        if dead:
+            emit("del " + ", ".join(f"v{i}" for i in sorted(set(dead))), None)
+    if tracer is not None:
+        emit("_act(False)")
+    if not lines:
+        emit("pass")
+    params = ", ".join(f"{n}={n}" for n in defaults)
+    header = f"def segment(env, {params}):" if params else "def segment(env):"
+    src = header + "\n" + "\n".join(lines) + "\n"
+    filename = f"<actorrt segment {id(seg)}>"
+    code = compile(src, filename, "exec")
+    ns: dict[str, Any] = dict(defaults)
+    exec(code, ns)
+    seg.fn = ns["segment"]
+    seg.source = src
+    seg.line_map = {n + 2: s for n, s in enumerate(line_steps) if s is not None}
+    # keep linecache-free tracebacks readable
+    del names
+
+
+def compile_plan(graph: ir.Graph, opsets: dict[str, int], providers: Sequence[Any],
+                 options: PlanOptions = PlanOptions(), model_name: str = "") -> Plan:
+    """Compile ``graph`` for ``providers`` (first = preferred on ties).
+
+    Raises:
+        UnsupportedOperatorError: a node no provider supports (every provider's
+            reason included).
+        KernelError: a kernel could not be built or prepacked.
+    """
+    return _Compiler(graph, opsets, providers, options, model_name).compile()

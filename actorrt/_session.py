@@ -1,0 +1,264 @@
+"""The async session: ``async with actorrt.open_session(model) as session``."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, AsyncIterator, Sequence
+
+import attrs
+import numpy as np
+import trio
+
+from ._errors import (ActorRTError, InvalidArgumentError, ModelLoadError, SessionClosedError)
+from ._model import ModelLike, load_model
+from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
+from .providers import resolve_providers
+from .providers.base import ExecutionProvider, ProviderStatistics, RunSegment
+
+__all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
+
+
+@attrs.frozen
+class SessionOptions:
+    """Options of a session.
+
+    Attributes:
+        workers: worker actors per provider (``None``: up to 4, one per core).
+        memory_limit: bytes each provider may hold (``None``: no limit); raises
+            :class:`~actorrt.OutOfMemoryError` before allocating over it.
+        parallel_execution: let independent heavy branches run concurrently.
+        segment_threshold_us: branches estimated cheaper than this (µs) are not
+            worth a separate segment.
+        fold_constants: evaluate all-constant nodes once at load time.
+        trace: ``"off"``, ``"ops"`` or ``"full"`` (see :mod:`actorrt.tracing`).
+        trace_path: write a Chrome/Perfetto trace JSON here when the session
+            closes (also enabled by the ``ACTORRT_TRACE`` environment variable).
+        enable_fallback: register the slow ``reference`` provider after the
+            others, for nodes they decline.
+    """
+
+    workers: int | None = None
+    memory_limit: int | None = None
+    parallel_execution: bool = True
+    segment_threshold_us: float = 200.0
+    fold_constants: bool = True
+    trace: str = "off"
+    trace_path: str | None = None
+    enable_fallback: bool = False
+
+
+@attrs.frozen
+class NodeArg:
+    """A graph input or output, as onnxruntime's ``NodeArg``.
+
+    Attributes:
+        name: the value's name.
+        shape: list of dims: ``int``, ``str`` for a symbolic dim, ``None`` if unknown.
+        type: e.g. ``'tensor(float)'``.
+    """
+
+    name: str
+    shape: list
+    type: str
+
+
+def _node_arg(spec: IOSpec) -> NodeArg:
+    return NodeArg(spec.name, spec.shape, type_string(spec.type))
+
+
+class Session:
+    """A loaded model bound to running provider actors. Obtain one from
+    :func:`open_session`; many tasks may call :meth:`run` at once."""
+
+    def __init__(self, plan: Plan, providers: list[ExecutionProvider], model_name: str,
+                 tracer: Any = None):
+        self._plan = plan
+        self._providers = providers
+        self.model_name = model_name
+        self._closed = False
+        self._tracer = tracer
+        self._output_index = {o.name: i for i, o in enumerate(plan.outputs)}
+
+    # --------------------------------------------------------------- metadata
+    def get_inputs(self) -> list[NodeArg]:
+        """Graph inputs (initializers with defaults excluded, as onnxruntime)."""
+        return [_node_arg(i) for i in self._plan.inputs if not i.has_default]
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return [_node_arg(i) for i in self._plan.inputs if i.has_default]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(o) for o in self._plan.outputs]
+
+    def get_providers(self) -> list[str]:
+        """Provider names in priority order, e.g. ``['cpu']``."""
+        return [p.name for p in self._providers]
+
+    def placement(self) -> list[NodePlacement]:
+        """Per node: the chosen provider and every provider's cost (µs) or
+        decline reason. Folded nodes show provider ``"constant"``."""
+        return list(self._plan.placement)
+
+    def statistics(self) -> dict[str, ProviderStatistics]:
+        """Each provider's statistics (memory by role, buffers, copies)."""
+        return {p.name: p.statistics() for p in self._providers}
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def tracer(self):
+        return self._tracer
+
+    # ------------------------------------------------------------------- run
+    def _output_indices(self, output_names: Sequence[str] | None) -> list[int] | None:
+        if output_names is None:
+            return None
+        if isinstance(output_names, str):
+            output_names = [output_names]
+        idx = []
+        for n in output_names:
+            i = self._output_index.get(n)
+            if i is None:
+                raise InvalidArgumentError(
+                    f"unknown output {n!r}", input=n,
+                    expected=f"one of {list(self._output_index)}", got=repr(n),
+                    model=self.model_name)
+            idx.append(i)
+        return idx
+
+    async def run(self, output_names: Sequence[str] | None, feeds: dict[str, Any]) -> list:
+        """Run the model.
+
+        Args:
+            output_names: outputs to return, or ``None`` for all in graph order.
+            feeds: input name -> numpy array (a list for a sequence input, ``None``
+                for an empty optional).
+
+        Returns:
+            One value per requested output: numpy arrays; lists for ONNX
+            sequences; ``None`` for an empty optional.
+
+        Raises:
+            InvalidArgumentError: unknown/missing input, wrong dtype/rank/dim,
+                unknown output name.
+            KernelError: a kernel failed (node named).
+            OutOfMemoryError: a provider's limit would be exceeded.
+            SessionClosedError: the session was closed.
+        """
+        if self._closed:
+            raise SessionClosedError("the session is closed", model=self.model_name)
+        plan = self._plan
+        indices = self._output_indices(output_names)
+        env = plan.new_env()
+        plan.bind_feeds(feeds, env)
+        await execute(plan, env, self._tracer)
+        return plan.collect_outputs(env, indices)
+
+
+async def execute(plan: Plan, env: list, tracer: Any = None) -> None:
+    """Run ``plan``'s segments over ``env``: ready segments fan out to their
+    providers' worker actors; values crossing segments are released once their
+    last consumer segment finished."""
+    segs = plan.segments
+    if len(segs) == 1:
+        seg = segs[0]
+        await seg.provider.pool.ask(RunSegment(plan, seg, env))
+        return
+    if not segs:
+        return
+    remaining = [len(s.preds) for s in segs]
+    counts = dict(plan.release_counts)
+
+    async def run(seg, nursery):
+        await seg.provider.pool.ask(RunSegment(plan, seg, env))
+        for slot in seg.loads:
+            c = counts.get(slot)
+            if c is not None:
+                c -= 1
+                counts[slot] = c
+                if c == 0:
+                    env[slot] = None
+        for s in seg.succs:
+            remaining[s] -= 1
+            if remaining[s] == 0:
+                nursery.start_soon(run, segs[s], nursery)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for seg in segs:
+                if not seg.preds:
+                    nursery.start_soon(run, seg, nursery)
+    except BaseExceptionGroup as eg:
+        raise _first_error(eg) from None
+
+
+def _first_error(eg: BaseExceptionGroup) -> BaseException:
+    for e in eg.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            return _first_error(e)
+        if not isinstance(e, trio.Cancelled):
+            return e
+    return eg.exceptions[0]
+
+
+@asynccontextmanager
+async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
+                       options: SessionOptions | None = None) -> AsyncIterator[Session]:
+    """Load ``model``, start its provider actors and yield a :class:`Session`.
+
+    Args:
+        model: path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
+        providers: provider names in priority order (``"cpu"`` /
+            ``"CPUExecutionProvider"``, ``"reference"``, ``"cuda"``) or provider
+            instances; default ``["cpu"]``.
+        options: :class:`SessionOptions`.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded.
+        UnsupportedOperatorError: a node no provider supports.
+        InvalidArgumentError: an unknown provider name.
+    """
+    from . import tracing
+
+    options = options or SessionOptions()
+    provs = resolve_providers(providers, options)
+    trace_path = options.trace_path or os.environ.get("ACTORRT_TRACE") or None
+    level = options.trace if options.trace != "off" else ("ops" if trace_path else "off")
+    tracer = tracing.TraceCollector(level) if level != "off" else None
+    loaded = await trio.to_thread.run_sync(load_model, model)
+    plan_opts = PlanOptions(fold_constants=options.fold_constants,
+                            parallel=options.parallel_execution,
+                            segment_threshold_us=options.segment_threshold_us, tracer=tracer)
+    m = loaded.model
+    opsets = dict(m.opset_imports)
+    plan = await trio.to_thread.run_sync(
+        lambda: compile_plan(m.graph, opsets, provs, plan_opts, loaded.name))
+    async with AsyncExitStack() as stack:
+        for p in provs:
+            await stack.enter_async_context(p.open())
+        # weights: initializers and folded constants live on the CPU provider
+        weights = _weights_bytes(plan)
+        host = next(p for p in provs if p.name == "cpu")
+        host.memory.reserve(weights, "weights", what="initializers")
+        session = Session(plan, provs, loaded.name, tracer)
+        try:
+            yield session
+        finally:
+            session._closed = True
+            host.memory.release(weights, "weights")
+            if tracer is not None and trace_path:
+                tracer.export_chrome(trace_path)
+
+
+def _weights_bytes(plan: Plan) -> int:
+    seen: set[int] = set()
+    total = 0
+    for st in plan.steps:
+        for arr in st.node.constant_inputs.values():
+            if isinstance(arr, np.ndarray) and id(arr) not in seen:
+                seen.add(id(arr))
+                total += arr.nbytes
+    return total

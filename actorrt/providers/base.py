@@ -1,0 +1,370 @@
+"""The execution-provider contract.
+
+An :class:`ExecutionProvider` is two things:
+
+* at plan time, a kernel source: :meth:`~ExecutionProvider.supports_op` answers
+  :class:`~actorrt.providers.Supported` / :class:`~actorrt.providers.Unsupported`
+  for a node, :meth:`~ExecutionProvider.create_kernel` builds its kernel;
+* at run time, a trio actor that owns its allocations (accounted by role, with an
+  optional limit) and its stream (messages are handled one at a time, in order),
+  plus a pool of worker actors that run plan segments off the event loop.
+
+Every request is a frozen attrs message sent through an
+:class:`~actorrt.actors.ActorRef`.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import math
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, ClassVar
+
+import attrs
+import numpy as np
+import trio
+
+from .._dtypes import storage_bytes, to_numpy_dtype
+from .._errors import InvalidArgumentError, SessionClosedError
+from ..actors import Actor, ActorRef, open_actors
+from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
+                        ValueType, estimate_bytes)
+from ._memory import MemoryAccountant, MemoryStatistics
+from ._registry import KernelRegistry
+
+__all__ = [
+    "ExecutionProvider", "Allocate", "Free", "CopyFromHost", "CopyToHost", "Sync", "Argmax",
+    "RunSegment", "Buffer", "ProviderStatistics",
+]
+
+
+# ---------------------------------------------------------------------- messages
+
+@attrs.frozen
+class Allocate:
+    """Allocate a buffer. Reply: :class:`Buffer`.
+
+    Attributes:
+        shape: dims of the buffer.
+        dtype: ONNX element type (``onnx_ir.DataType`` int).
+        role: accounting role (``"tensors"``, ``"bindings"``, ``"kv-cache"``...).
+        zero: fill with zeros.
+    """
+
+    shape: tuple[int, ...]
+    dtype: int
+    role: str = "tensors"
+    zero: bool = False
+
+
+@attrs.frozen
+class Free:
+    """Return a buffer to its provider. Reply: None. Freeing twice is a no-op."""
+
+    buffer_id: int
+
+
+@attrs.frozen
+class CopyFromHost:
+    """Copy a host array into a new provider buffer. Reply: :class:`Buffer`."""
+
+    array: Any
+    role: str = "tensors"
+
+
+@attrs.frozen
+class Adopt:
+    """Take ownership of an array already in provider memory (no copy).
+    Reply: :class:`Buffer`."""
+
+    array: Any
+    role: str = "tensors"
+    guard: Any = None  # called once when the buffer is freed
+
+
+@attrs.frozen
+class CopyToHost:
+    """Copy a buffer (or a byte range of it) to host memory. Reply: numpy array."""
+
+    buffer_id: int
+
+
+@attrs.frozen
+class WriteBytes:
+    """Write raw bytes into a buffer at a byte offset. Reply: None."""
+
+    buffer_id: int
+    offset: int
+    data: bytes
+
+
+@attrs.frozen
+class Sync:
+    """Wait until every earlier message's work finished. Reply: None."""
+
+
+@attrs.frozen
+class Argmax:
+    """Argmax over the last axis of a float32/float16 buffer, on the provider.
+
+    Attributes:
+        buffer_id: the logits buffer, shape ``(..., n)``.
+        n: how many leading elements of the last axis to consider (0: all).
+    Reply: numpy uint32 array of shape ``(...)``.
+    """
+
+    buffer_id: int
+    n: int = 0
+
+
+@attrs.frozen
+class RunSegment:
+    """Run one plan segment (handled by a worker actor). Reply: None."""
+
+    plan: Any
+    segment: Any
+    env: list
+
+
+@attrs.define(eq=False)
+class Buffer:
+    """A provider-owned allocation.
+
+    Attributes:
+        id: provider-unique id.
+        array: the provider's array object (numpy on CPU, cupy on CUDA).
+        nbytes: accounted bytes.
+        role: accounting role.
+    """
+
+    id: int
+    array: Any
+    nbytes: int
+    role: str
+    guard: Any = None
+
+
+@attrs.frozen
+class ProviderStatistics:
+    """Statistics of a provider actor.
+
+    Attributes:
+        name: provider name.
+        memory: :class:`MemoryStatistics`.
+        live_buffers: buffers currently owned.
+        segments_run: segments executed by its workers.
+        host_to_device_bytes / device_to_host_bytes: bytes copied (bytes).
+    """
+
+    name: str
+    memory: MemoryStatistics
+    live_buffers: int
+    segments_run: int
+    host_to_device_bytes: int
+    device_to_host_bytes: int
+
+
+# ---------------------------------------------------------------------- provider
+
+class ExecutionProvider(Actor, abc.ABC):
+    """Base class of execution providers (see module docstring).
+
+    Class attributes:
+        name: short name (``"cpu"``).
+        aliases: other accepted names (``"CPUExecutionProvider"``).
+        host_accessible: buffers are plain host memory (zero-copy to numpy).
+        registry: the provider's :class:`KernelRegistry`.
+    """
+
+    name: ClassVar[str] = "base"
+    aliases: ClassVar[tuple[str, ...]] = ()
+    host_accessible: ClassVar[bool] = True
+    registry: ClassVar[KernelRegistry]
+
+    #: segments estimated below this (µs) run on the worker's trio task instead
+    #: of hopping to a thread (a hop costs ~80 µs).
+    inline_threshold_us: float = 60.0
+
+    def __init__(self, *, workers: int = 2, memory_limit: int | None = None,
+                 profile: DeviceProfile | None = None):
+        super().__init__(self.name)
+        self.profile = profile or DeviceProfile()
+        self.memory = MemoryAccountant(self.name, memory_limit)
+        self.n_workers = max(1, int(workers))
+        self._buffers: dict[int, Buffer] = {}
+        self._ids = itertools.count(1)
+        self._segments_run = 0
+        self.h2d_bytes = 0
+        self.d2h_bytes = 0
+        self._limiter = trio.CapacityLimiter(self.n_workers)
+        self._pool_send, self._pool_recv = trio.open_memory_channel(math.inf)
+        self._workers = [
+            _Worker(f"{self.name}.worker{i}", self, (self._pool_send.clone(),
+                                                      self._pool_recv.clone()))
+            for i in range(self.n_workers)
+        ]
+        self.pool = self._workers[0].ref
+
+    # ------------------------------------------------------------ plan time
+    def supports_op(self, node: NodeSpec) -> KernelMatch:
+        """:class:`Supported` with a cost, or :class:`Unsupported` with a reason."""
+        cls = self.registry.lookup(node.domain, node.op_type, node.opset)
+        if cls is None:
+            return Unsupported(self.registry.miss_reason(node.domain, node.op_type, node.opset))
+        return cls.supports(node, self.profile)
+
+    def create_kernel(self, node: NodeSpec) -> Kernel:
+        """Build the kernel for ``node`` (after :meth:`supports_op` said yes)."""
+        cls = self.registry.lookup(node.domain, node.op_type, node.opset)
+        return cls(node)
+
+    def transfer_us(self, vt: ValueType | None) -> float:
+        """Estimated µs to move a value of type ``vt`` onto this provider."""
+        if self.profile.transfer_gbytes_per_s == math.inf:
+            return 0.0
+        return estimate_bytes(vt) / (self.profile.transfer_gbytes_per_s * 1e3) + 5.0
+
+    # -------------------------------------------------------------- run time
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[ActorRef]:
+        """Run the provider actor and its workers until the block exits; then
+        every buffer it still owns is returned."""
+        try:
+            async with open_actors([self, *self._workers]) as refs:
+                try:
+                    yield refs[0]
+                finally:
+                    self._pool_send.close()
+        finally:
+            self.free_all()
+
+    def free_all(self) -> None:
+        for b in list(self._buffers.values()):
+            self._release(b)
+
+    def statistics(self) -> ProviderStatistics:
+        return ProviderStatistics(self.name, self.memory.statistics(), len(self._buffers),
+                                  self._segments_run, self.h2d_bytes, self.d2h_bytes)
+
+    # buffers (called from the actor's handler, or synchronously by the owner)
+    def _new_buffer(self, array: Any, nbytes: int, role: str, guard: Any = None) -> Buffer:
+        b = Buffer(next(self._ids), array, nbytes, role, guard)
+        self._buffers[b.id] = b
+        return b
+
+    def _release(self, b: Buffer) -> None:
+        if self._buffers.pop(b.id, None) is None:
+            return
+        self.memory.release(b.nbytes, b.role)
+        b.array = None
+        if b.guard is not None:
+            guard, b.guard = b.guard, None
+            guard()
+
+    def buffer(self, buffer_id: int) -> Buffer:
+        try:
+            return self._buffers[buffer_id]
+        except KeyError:
+            raise SessionClosedError(f"buffer {buffer_id} was already freed on provider "
+                                     f"{self.name}") from None
+
+    # device primitives a provider implements --------------------------------
+    @abc.abstractmethod
+    def alloc_array(self, shape: tuple[int, ...], dtype: np.dtype, zero: bool) -> Any:
+        """A new device array of ``shape``/``dtype`` (zero-filled when ``zero``)."""
+
+    @abc.abstractmethod
+    def to_host(self, array: Any) -> np.ndarray:
+        """A host (numpy) copy of a device array."""
+
+    @abc.abstractmethod
+    def from_host(self, array: np.ndarray) -> Any:
+        """A device copy of a host array."""
+
+    @abc.abstractmethod
+    def argmax(self, array: Any, n: int) -> np.ndarray:
+        """uint32 argmax over the last axis (first ``n`` entries; 0: all)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on a host provider)."""
+
+    # handler ----------------------------------------------------------------
+    async def handle(self, message: Any) -> Any:
+        if isinstance(message, Allocate):
+            nbytes = storage_bytes(message.shape, message.dtype, role=message.role,
+                                   provider=self.name, limit=self.memory.limit)
+            self.memory.reserve(nbytes, message.role, what=f"{message.shape}")
+            try:
+                arr = self.alloc_array(tuple(message.shape), to_numpy_dtype(message.dtype),
+                                       message.zero)
+            except BaseException:
+                self.memory.release(nbytes, message.role)
+                raise
+            return self._new_buffer(arr, nbytes, message.role)
+        if isinstance(message, CopyFromHost):
+            host = message.array
+            self.memory.reserve(host.nbytes, message.role)
+            try:
+                arr = self.from_host(host)
+            except BaseException:
+                self.memory.release(host.nbytes, message.role)
+                raise
+            self.h2d_bytes += host.nbytes
+            return self._new_buffer(arr, host.nbytes, message.role)
+        if isinstance(message, Adopt):
+            nbytes = int(message.array.nbytes)
+            self.memory.reserve(nbytes, message.role)
+            return self._new_buffer(message.array, nbytes, message.role, message.guard)
+        if isinstance(message, Free):
+            b = self._buffers.get(message.buffer_id)
+            if b is not None:
+                self._release(b)
+            return None
+        if isinstance(message, CopyToHost):
+            b = self.buffer(message.buffer_id)
+            out = self.to_host(b.array)
+            self.d2h_bytes += out.nbytes
+            return out
+        if isinstance(message, WriteBytes):
+            b = self.buffer(message.buffer_id)
+            self.write_bytes(b.array, message.offset, message.data)
+            self.h2d_bytes += len(message.data)
+            return None
+        if isinstance(message, Sync):
+            self.synchronize()
+            return None
+        if isinstance(message, Argmax):
+            b = self.buffer(message.buffer_id)
+            if np.dtype(b.array.dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
+                raise InvalidArgumentError(
+                    f"device argmax on provider {self.name} takes float32 or float16 logits",
+                    expected="tensor(float) or tensor(float16)", got=str(b.array.dtype))
+            return self.argmax(b.array, message.n)
+        raise TypeError(f"provider {self.name} cannot handle {type(message).__name__}")
+
+    @abc.abstractmethod
+    def write_bytes(self, array: Any, offset: int, data: bytes) -> None:
+        """Write ``data`` into ``array``'s bytes starting at byte ``offset``."""
+
+
+class _Worker(Actor):
+    """Runs plan segments for its provider: cheap ones on its trio task, heavy
+    ones in a thread (so numpy releases the GIL and the event loop stays free)."""
+
+    def __init__(self, name: str, provider: ExecutionProvider, mailbox):
+        super().__init__(name, mailbox=mailbox)
+        self.provider = provider
+
+    async def handle(self, message: Any) -> Any:
+        if not isinstance(message, RunSegment):
+            raise TypeError(f"{self.name} cannot handle {type(message).__name__}")
+        seg = message.segment
+        plan = message.plan
+        self.provider._segments_run += 1
+        if seg.cost_us < self.provider.inline_threshold_us:
+            plan.run_segment(seg, message.env)
+        else:
+            await trio.to_thread.run_sync(plan.run_segment, seg, message.env,
+                                          limiter=self.provider._limiter)
+        return None

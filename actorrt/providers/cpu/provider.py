@@ -1,0 +1,56 @@
+"""The CPU execution provider: host memory, numpy kernels."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .._contract import DeviceProfile
+from ..base import ExecutionProvider
+from .registry import CPU_KERNELS
+
+__all__ = ["CPUExecutionProvider"]
+
+#: Rough figures for a small x86 server core pair; they only rank choices.
+CPU_PROFILE = DeviceProfile(gflops=40.0, gbytes_per_s=10.0, launch_us=0.4)
+
+
+class CPUExecutionProvider(ExecutionProvider):
+    """Runs kernels with numpy on host memory. Buffers are numpy arrays, so
+    tensors on this provider export to numpy and DLPack without a copy.
+
+    Args:
+        workers: worker actors (segments that may run at once).
+        memory_limit: bytes this provider may hold at once (``None``: no limit).
+    """
+
+    name = "cpu"
+    aliases = ("CPUExecutionProvider", "CPU")
+    host_accessible = True
+    registry = CPU_KERNELS
+
+    def __init__(self, *, workers: int | None = None, memory_limit: int | None = None):
+        super().__init__(workers=workers or min(4, os.cpu_count() or 1),
+                         memory_limit=memory_limit, profile=CPU_PROFILE)
+
+    def alloc_array(self, shape, dtype, zero):
+        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def write_bytes(self, array, offset, data):
+        view = array.reshape(-1).view(np.uint8)
+        if offset < 0 or offset + len(data) > view.nbytes:
+            raise ValueError(f"write of {len(data)} bytes at offset {offset} exceeds the "
+                             f"buffer's {view.nbytes} bytes")
+        view[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+
+    def argmax(self, array, n):
+        a = array if not n else array[..., :n]
+        return np.argmax(a, axis=-1).astype(np.uint32)

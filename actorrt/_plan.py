@@ -733,7 +733,8 @@ def _merge_segments(segs, seg_of, step_deps, threshold_us):
                 (p,) = ps
                 if not alive[p] or segs[p][0].provider is not segs[k][0].provider:
                     continue
-                if cost < threshold_us or len(succs[p]) == 1:
+                first = {seg_of[d] for d in step_deps[segs[k][0].index]}
+                if cost < threshold_us or (len(succs[p]) == 1 and p in first):
                     # append k after p: k depends only on p
                     for st in segs[k]:
                         seg_of[st.index] = p

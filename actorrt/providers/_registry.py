@@ -6,7 +6,9 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-from ._contract import Kernel, function_kernel_class
+import numpy as np
+
+from ._contract import FunctionKernel, Kernel, function_kernel_class
 
 __all__ = ["KernelRegistry"]
 
@@ -59,6 +61,12 @@ class KernelRegistry:
         def deco(obj):
             if isinstance(obj, type) and issubclass(obj, Kernel):
                 cls = obj
+            elif isinstance(obj, np.ufunc):
+                # a bare ufunc: the plan calls it directly, no wrapper frame
+                cls = type(op_type, (FunctionKernel,), {
+                    "fn": obj, "attr_names": (), "multi_output": False, "pass_node": False,
+                    "__doc__": f"{op_type} as numpy.{obj.__name__} (broadcasting)",
+                    "__module__": __name__, **flags})
             else:
                 cls = function_kernel_class(obj, multi_output=multi_output, check=check,
                                             flops=flops, **flags)

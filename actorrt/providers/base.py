@@ -184,7 +184,7 @@ class ExecutionProvider(Actor, abc.ABC):
 
     #: segments estimated below this (µs) run on the worker's trio task instead
     #: of hopping to a thread (a hop costs ~80 µs).
-    inline_threshold_us: float = 60.0
+    inline_threshold_us: float = 100.0
 
     def __init__(self, *, workers: int = 2, memory_limit: int | None = None,
                  profile: DeviceProfile | None = None):

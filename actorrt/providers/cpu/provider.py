@@ -14,7 +14,7 @@ from .registry import CPU_KERNELS
 __all__ = ["CPUExecutionProvider"]
 
 #: Rough figures for a small x86 server core pair; they only rank choices.
-CPU_PROFILE = DeviceProfile(gflops=40.0, gbytes_per_s=10.0, launch_us=0.4)
+CPU_PROFILE = DeviceProfile(gflops=40.0, gbytes_per_s=10.0, launch_us=0.3)
 
 
 class CPUExecutionProvider(ExecutionProvider):

@@ -19,6 +19,7 @@ from ._errors import (ActorRTError, GenerationError, InvalidArgumentError, Kerne
                       SessionClosedError, UnsupportedOperatorError)
 from ._session import NodeArg, Session, SessionOptions, open_session
 from ._sync import InferenceSession
+from ._tensor import DeviceIoBinding, IOBinding, Tensor, TransferStatistics
 
 __version__ = "0.1.0"
 
@@ -26,5 +27,6 @@ __all__ = [
     "ActorRTError", "GenerationError", "InvalidArgumentError", "KernelError",
     "ModelLoadError", "OutOfMemoryError", "ProviderBrokenError", "SessionClosedError",
     "UnsupportedOperatorError", "NodeArg", "Session", "SessionOptions", "open_session",
-    "InferenceSession", "__version__",
+    "InferenceSession", "Tensor", "DeviceIoBinding", "IOBinding", "TransferStatistics",
+    "__version__",
 ]

@@ -294,7 +294,9 @@ class Plan:
             return exc
         if isinstance(exc, MemoryError):
             return OutOfMemoryError(f"{node.op_type if node else 'a kernel'} could not allocate: "
-                                    f"{exc}", requested=-1, in_use=0, limit=None,
+                                    f"{exc}", requested=int(getattr(exc, "_total_size", -1)),
+                                    in_use=seg.provider.memory.statistics().live_bytes,
+                                    limit=seg.provider.memory.limit,
                                     role="activations", provider=seg.provider.name,
                                     model=self.model_name, node=node.name if node else None)
         op = node.op_type if node else "?"

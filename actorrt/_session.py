@@ -79,6 +79,7 @@ class Session:
         self._closed = False
         self._tracer = tracer
         self._output_index = {o.name: i for i, o in enumerate(plan.outputs)}
+        self._bindings: dict[str, Any] = {}
 
     # --------------------------------------------------------------- metadata
     def get_inputs(self) -> list[NodeArg]:
@@ -153,9 +154,106 @@ class Session:
         plan = self._plan
         indices = self._output_indices(output_names)
         env = plan.new_env()
+        if self._bindings:
+            feeds = dict(feeds)
+            for name, b in self._bindings.items():
+                feeds.setdefault(name, b.value())
         plan.bind_feeds(feeds, env)
         await execute(plan, env, self._tracer)
+        if self._bindings:
+            for b in self._bindings.values():
+                if b.output_name is not None:
+                    spec = plan.outputs[self._output_index[b.output_name]]
+                    value = plan.collect_outputs(env, [self._output_index[b.output_name]])[0]
+                    b.store_output(value)
+                    env[spec.slot] = b.value()
         return plan.collect_outputs(env, indices)
+
+    # ------------------------------------------------------- tensors, bindings
+    async def run_with_tensors(self, output_names: Sequence[str] | None,
+                               feeds: dict[str, Any]) -> list:
+        """Like :meth:`run`, but feeds may be :class:`~actorrt.Tensor` objects and
+        the outputs are Tensors that own the very buffers the kernels wrote (no
+        copy on handoff). Close them (or use ``with``) when done."""
+        from ._tensor import Tensor
+        from .providers.base import Adopt
+
+        plain = {k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in feeds.items()}
+        outs = await self.run(output_names, plain)
+        host = next(p for p in self._providers if p.name == "cpu")
+        result = []
+        for o in outs:
+            if isinstance(o, np.ndarray):
+                buf = await host.ref.ask(Adopt(o, "tensors"))
+                from ._dtypes import from_numpy_dtype
+                result.append(Tensor(host, buf, from_numpy_dtype(o.dtype), o.shape))
+            else:
+                result.append(o)
+        return result
+
+    async def bind_device(self, input_name: str, dtype: Any, physical_shape: Sequence[int],
+                          output_name: str | None = None,
+                          logical_shape: Sequence[int] | None = None,
+                          expose_logical_shape: bool = False) -> "DeviceIoBinding":
+        """Allocate a persistent buffer (role ``bindings``) for graph input
+        ``input_name``; when ``output_name`` is given that output is written into
+        the same memory after each run.
+
+        Raises:
+            InvalidArgumentError: unknown input/output, dtype mismatch, logical
+                shape beyond the capacity.
+            OutOfMemoryError: over the provider's limit.
+        """
+        from ._dtypes import from_numpy_dtype
+        from ._tensor import DeviceIoBinding, Tensor
+
+        spec = self._plan._input_index.get(input_name)
+        if spec is None:
+            raise InvalidArgumentError(f"unknown input {input_name!r}", input=input_name,
+                                       expected=f"one of {[i.name for i in self._plan.inputs]}",
+                                       got=repr(input_name), model=self.model_name)
+        if output_name is not None and output_name not in self._output_index:
+            raise InvalidArgumentError(f"unknown output {output_name!r}", input=output_name,
+                                       expected=f"one of {list(self._output_index)}",
+                                       got=repr(output_name), model=self.model_name)
+        dt = from_numpy_dtype(np.dtype(dtype)) if not isinstance(dtype, int) else dtype
+        if spec.type.dtype is not None and int(dt) != spec.type.dtype:
+            raise InvalidArgumentError(f"binding dtype for {input_name!r} differs from the input",
+                                       input=input_name, expected=type_string(spec.type),
+                                       got=str(dtype), model=self.model_name)
+        host = next(p for p in self._providers if p.name == "cpu")
+        t = await Tensor.empty(dt, tuple(physical_shape), host, role="bindings")
+        t.numpy()[...] = 0
+        b = DeviceIoBinding(t, input_name, output_name, tuple(physical_shape), expose_logical_shape,
+                            self)
+        if logical_shape is not None:
+            b.set_logical_shape(logical_shape)
+        self._bindings[input_name] = b
+        return b
+
+    def _unbind(self, binding: Any) -> None:
+        self._bindings.pop(binding.input_name, None)
+
+    def io_binding(self) -> "IOBinding":
+        """An onnxruntime-style :class:`~actorrt.IOBinding` for this session."""
+        from ._tensor import IOBinding
+        return IOBinding(self)
+
+    async def run_with_iobinding(self, binding: "IOBinding") -> None:
+        """Run with ``binding``'s inputs; its outputs become Tensors (written into
+        preallocated tensors where bound)."""
+        names = list(binding.outputs) or [o.name for o in self._plan.outputs]
+        if not binding.outputs:
+            binding.outputs = {n: None for n in names}
+        outs = await self.run_with_tensors(names, binding.inputs)
+        binding._results = {}
+        for name, t in zip(names, outs):
+            pre = binding.outputs.get(name)
+            if pre is not None:
+                np.copyto(pre.numpy(), t.numpy())
+                t.close()
+                t = pre
+            binding._results[name] = t
 
 
 async def execute(plan: Plan, env: list, tracer: Any = None) -> None:
@@ -248,6 +346,7 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
             yield session
         finally:
             session._closed = True
+            session._bindings.clear()
             host.memory.release(weights, "weights")
             if tracer is not None and trace_path:
                 tracer.export_chrome(trace_path)

@@ -1,0 +1,547 @@
+"""The generation engine: one actor owning the session, every request's KV
+cache and the step loop; many tasks stream from it at once.
+
+Each step of the loop (continuous batching):
+
+1. requests whose caller left (iterator closed, task cancelled) are dropped and
+   their KV cache freed;
+2. waiting requests are admitted in FIFO order while the KV budget allows;
+3. one prefill chunk (``prefill_chunk`` tokens) of the oldest newcomer runs, so
+   running streams keep flowing while a long prompt is read;
+4. one batched decode run advances every decoding request by one token: the
+   requests' KV caches are kept right-padded in one ``(batch, kv_heads, len,
+   head_dim)`` buffer per layer, each with its own past length
+   (``attention_mask`` rows), rebuilt only when the batch changes.
+
+Model I/O follows onnxruntime-genai's decoder convention: ``input_ids`` int64
+``(batch, seq)``, ``attention_mask`` int64 ``(batch, total_seq)``,
+``past_key_values.{i}.key/value`` float32 ``(batch, kv_heads, past_seq,
+head_dim)`` -> ``logits`` float32 ``(batch, seq, vocab)``,
+``present.{i}.key/value``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import json
+import math
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+import attrs
+import numpy as np
+import trio
+
+from .._errors import GenerationError, InvalidArgumentError, SessionClosedError
+from .._session import Session, SessionOptions, open_session
+from .sampling import Sampler, SamplingParams
+
+__all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics"]
+
+Prompt = str | Sequence[int] | Sequence[dict]
+
+
+@attrs.frozen
+class GenerationResult:
+    """The outcome of one request.
+
+    Attributes:
+        text: generated text (prompt excluded, stop string excluded).
+        token_ids: generated token ids.
+        finish_reason: ``"stop"`` (EOS or a stop string), ``"length"``
+            (max_new_tokens or the context window), ``"cancelled"``.
+        prompt_tokens: prompt length in tokens.
+        prompt_seconds: time from admission to the first token (s).
+        decode_seconds: time from the first to the last token (s).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+@attrs.frozen
+class EngineStatistics:
+    """Engine counters.
+
+    Attributes:
+        active: requests prefilling or decoding. waiting: queued for admission.
+        completed: requests finished (any reason). tokens_generated: total.
+        tokens_per_s: aggregate generated tokens/s since the engine started
+            serving its first request.
+        kv_bytes: bytes held by KV caches now.
+        steps: decode steps run; batch_histogram: batch size -> steps.
+    """
+
+    active: int
+    waiting: int
+    completed: int
+    tokens_generated: int
+    tokens_per_s: float
+    kv_bytes: int
+    steps: int
+    batch_histogram: dict[int, int]
+
+
+class _Request:
+    _ids = itertools.count(1)
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, send, tokenizer):
+        self.id = next(self._ids)
+        self.prompt = prompt_ids
+        self.params = params
+        self.sampler = Sampler(params)
+        self.send = send
+        self.tok = tokenizer
+        self.kv: list[np.ndarray] | None = None  # own cache while prefilling
+        self.length = 0  # tokens in the KV cache
+        self.prefilled = 0
+        self.generated: list[int] = []
+        self.pending: int | None = None  # sampled, not yet fed to the model
+        self.cancelled = False
+        self.done = False
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = ""
+        self.held = ""  # text held back (possible stop-string prefix)
+        self.t_admit = 0.0
+        self.t_first = 0.0
+        self.t_last = 0.0
+        self.reserved = 0
+
+    # text ---------------------------------------------------------------
+    def push_token(self, tid: int) -> tuple[str, bool]:
+        """Add a generated token; returns (text safe to emit, hit a stop string)."""
+        piece = self.decoder.decode(self.tok.token_bytes(tid))
+        buf = self.held + piece
+        for s in self.params.stop:
+            i = buf.find(s)
+            if i >= 0:
+                self.held = ""
+                self.text += buf[:i]
+                return buf[:i], True
+        keep = 0
+        for s in self.params.stop:
+            for k in range(min(len(s) - 1, len(buf)), 0, -1):
+                if buf.endswith(s[:k]):
+                    keep = max(keep, k)
+                    break
+        out, self.held = (buf[:len(buf) - keep], buf[len(buf) - keep:]) if keep else (buf, "")
+        self.text += out
+        return out, False
+
+    def flush(self) -> str:
+        tail = self.held + self.decoder.decode(b"", final=True)
+        self.held = ""
+        self.text += tail
+        return tail
+
+
+class Engine:
+    """Serves generation requests; obtain one from :func:`open_engine`."""
+
+    def __init__(self, session: Session, tokenizer: Any, config: dict, *, max_batch: int,
+                 kv_budget_bytes: int | None, prefill_chunk: int):
+        self.session = session
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_batch = max(1, int(max_batch))
+        self.kv_budget = kv_budget_bytes
+        self.prefill_chunk = max(1, int(prefill_chunk))
+        names = [i.name for i in session.get_inputs()]
+        self._layers = sorted({int(n.split(".")[1]) for n in names
+                               if n.startswith("past_key_values.")})
+        shape = next(i.shape for i in session.get_inputs() if i.name.startswith("past_key_values."))
+        self.kv_heads = int(shape[1])
+        self.head_dim = int(shape[3])
+        self.context = int(config.get("context_length") or config.get("max_length") or 8192)
+        eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
+        self.eos = set([eos] if isinstance(eos, int) else list(eos))
+        self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
+        self._host = next(p for p in session._providers if p.name == "cpu")
+        self._inbox_send, self._inbox = trio.open_memory_channel(math.inf)
+        self._waiting: deque[_Request] = deque()
+        self._prefilling: deque[_Request] = deque()
+        self._decoding: list[_Request] = []
+        self._batch: list[_Request] = []  # requests in the batched buffer, in row order
+        self._batch_kv: list[np.ndarray] | None = None
+        self._kv_bytes = 0
+        self._reserved = 0
+        self._completed = 0
+        self._tokens = 0
+        self._steps = 0
+        self._hist: dict[int, int] = {}
+        self._t_start: float | None = None
+        self._closed = False
+        self._wake = trio.Event()
+
+    # ----------------------------------------------------------------- API
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: a string (tokenized as is), token ids, or chat
+        messages (rendered with the model's chat template).
+
+        Raises:
+            InvalidArgumentError: a prompt of another shape, or out-of-vocab ids.
+        """
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
+            for m in prompt:
+                if "role" not in m or "content" not in m:
+                    raise InvalidArgumentError("a chat message needs 'role' and 'content'",
+                                               expected="{'role': ..., 'content': ...}",
+                                               got=repr(m))
+            text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
+            return list(self.tokenizer.encode(text, parse_special=True))
+        if isinstance(prompt, Sequence) and all(isinstance(t, (int, np.integer)) for t in prompt):
+            ids = [int(t) for t in prompt]
+            vocab = int(self.config.get("vocab_size", 1 << 31))
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidArgumentError("prompt token ids out of the vocabulary",
+                                           expected=f"ids in [0, {vocab})", got=str(bad[:5]))
+            return ids
+        raise InvalidArgumentError("prompt must be a string, a list of token ids or a list of "
+                                   "chat messages", expected="str | list[int] | list[dict]",
+                                   got=type(prompt).__name__)
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None
+                     ) -> AsyncIterator[str]:
+        """Generate, yielding text pieces as they are decoded (UTF-8 safe: never
+        half a character; spaces kept). Leaving the loop early, closing the
+        iterator or cancelling the task frees the request's KV cache at the next
+        step boundary.
+
+        Raises:
+            GenerationError: the request can never fit (context or KV budget).
+            InvalidArgumentError: a malformed prompt.
+            SessionClosedError: the engine is closed.
+        """
+        async for item in self._run(prompt, params):
+            if isinstance(item, str):
+                yield item
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None
+                       ) -> GenerationResult:
+        """Generate to completion; see :meth:`stream` for errors."""
+        result = None
+        async for item in self._run(prompt, params):
+            if isinstance(item, GenerationResult):
+                result = item
+        assert result is not None
+        return result
+
+    async def _run(self, prompt: Prompt, params: SamplingParams | None):
+        if self._closed:
+            raise SessionClosedError("the engine is closed")
+        params = params or SamplingParams()
+        ids = self.encode_prompt(prompt)
+        if not ids:
+            raise GenerationError("the prompt is empty")
+        if len(ids) >= self.context:
+            raise GenerationError(f"the prompt has {len(ids)} tokens; the context window is "
+                                  f"{self.context}")
+        need = min(len(ids) + params.max_new_tokens, self.context) * self.bytes_per_token
+        if self.kv_budget is not None and need > self.kv_budget:
+            raise GenerationError(f"request needs {need} bytes of KV cache; the engine's budget "
+                                  f"is {self.kv_budget} bytes")
+        send, recv = trio.open_memory_channel(math.inf)
+        req = _Request(ids, params, send, self.tokenizer)
+        req.reserved = need
+        self._inbox_send.send_nowait(req)
+        self._wake.set()
+        try:
+            async with recv:
+                async for item in recv:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+        finally:
+            if not req.done:
+                req.cancelled = True
+                self._wake.set()
+
+    def statistics(self) -> EngineStatistics:
+        active = len(self._prefilling) + len(self._decoding)
+        el = (time.perf_counter() - self._t_start) if self._t_start else 0.0
+        return EngineStatistics(active, len(self._waiting) + self._inbox.statistics().current_buffer_used,
+                                self._completed, self._tokens,
+                                self._tokens / el if el > 0 else 0.0, self._kv_bytes, self._steps,
+                                dict(self._hist))
+
+    # ---------------------------------------------------------------- loop
+    async def _loop(self) -> None:
+        while True:
+            self._drain_inbox()
+            self._reap()
+            self._admit()
+            if not self._prefilling and not self._decoding:
+                if self._closed:
+                    return
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            if self._t_start is None:
+                self._t_start = time.perf_counter()
+            if self._prefilling:
+                await self._prefill_step(self._prefilling[0])
+            self._reap()
+            if self._decoding:
+                await self._decode_step()
+            await trio.lowlevel.checkpoint()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                req = self._inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            self._waiting.append(req)
+
+    def _admit(self) -> None:
+        while self._waiting:
+            req = self._waiting[0]
+            if req.cancelled:
+                self._waiting.popleft()
+                self._finish(req, "cancelled")
+                continue
+            active = len(self._prefilling) + len(self._decoding)
+            if active >= self.max_batch:
+                return
+            if self.kv_budget is not None and self._reserved + req.reserved > self.kv_budget:
+                return
+            self._waiting.popleft()
+            self._reserved += req.reserved
+            req.t_admit = time.perf_counter()
+            self._prefilling.append(req)
+
+    def _reap(self) -> None:
+        for r in list(self._prefilling):
+            if r.cancelled:
+                self._prefilling.remove(r)
+                self._finish(r, "cancelled")
+        for r in list(self._decoding):
+            if r.cancelled or r.done:
+                self._decoding.remove(r)
+                if not r.done:
+                    self._finish(r, "cancelled")
+
+    def _set_kv_bytes(self) -> None:
+        total = sum(a.nbytes for r in self._prefilling if r.kv for a in r.kv)
+        if self._batch_kv is not None:
+            total += sum(a.nbytes for a in self._batch_kv)
+        delta = total - self._kv_bytes
+        if delta > 0:
+            self._host.memory.reserve(delta, "kv-cache", what="KV cache")
+        elif delta < 0:
+            self._host.memory.release(-delta, "kv-cache")
+        self._kv_bytes = total
+
+    def _empty_kv(self, batch: int, length: int) -> list[np.ndarray]:
+        shape = (batch, self.kv_heads, length, self.head_dim)
+        return [np.zeros(shape, np.float32) for _ in range(2 * len(self._layers))]
+
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray]) -> dict:
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        for j, layer in enumerate(self._layers):
+            feeds[f"past_key_values.{layer}.key"] = kv[2 * j]
+            feeds[f"past_key_values.{layer}.value"] = kv[2 * j + 1]
+        return feeds
+
+    async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
+        outs = await self.session.run(None, feeds)
+        names = [o.name for o in self.session.get_outputs()]
+        by = dict(zip(names, outs))
+        kv = []
+        for layer in self._layers:
+            kv += [by[f"present.{layer}.key"], by[f"present.{layer}.value"]]
+        return by["logits"], kv
+
+    async def _prefill_step(self, req: _Request) -> None:
+        if req.kv is None:
+            req.kv = self._empty_kv(1, 0)
+        start = req.prefilled
+        chunk = req.prompt[start:start + self.prefill_chunk]
+        ids = np.asarray([chunk], np.int64)
+        mask = np.ones((1, req.length + len(chunk)), np.int64)
+        logits, kv = await self._model(self._feeds(ids, mask, req.kv))
+        if req.cancelled:
+            return
+        req.kv = kv
+        req.length += len(chunk)
+        req.prefilled += len(chunk)
+        self._set_kv_bytes()
+        if req.prefilled < len(req.prompt):
+            return
+        self._prefilling.popleft()
+        req.t_first = time.perf_counter()
+        self._emit(req, req.sampler(logits[0, -1], req.prompt))
+        if not req.done:
+            self._decoding.append(req)
+
+    def _rebuild_batch(self) -> None:
+        """Gather the decoding requests' caches into one right-padded buffer."""
+        reqs = list(self._decoding)
+        length = max(r.length for r in reqs)
+        new = self._empty_kv(len(reqs), length)
+        old_rows = {id(r): b for b, r in enumerate(self._batch)}
+        for b, r in enumerate(reqs):
+            for j in range(len(new)):
+                if id(r) in old_rows and self._batch_kv is not None:
+                    src = self._batch_kv[j][old_rows[id(r)], :, :r.length]
+                else:
+                    src = r.kv[j][0, :, :r.length]
+                new[j][b, :, :r.length] = src
+            r.kv = None
+        self._batch = reqs
+        self._batch_kv = new
+
+    async def _decode_step(self) -> None:
+        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
+            self._rebuild_batch()
+            self._set_kv_bytes()
+        reqs = self._batch
+        length = self._batch_kv[0].shape[2]
+        ids = np.asarray([[r.pending] for r in reqs], np.int64)
+        mask = np.zeros((len(reqs), length + 1), np.int64)
+        for b, r in enumerate(reqs):
+            mask[b, :r.length + 1] = 1
+        logits, kv = await self._model(self._feeds(ids, mask, self._batch_kv))
+        self._batch_kv = kv
+        self._steps += 1
+        self._hist[len(reqs)] = self._hist.get(len(reqs), 0) + 1
+        for b, r in enumerate(reqs):
+            r.length += 1
+            if r.cancelled:
+                continue
+            self._emit(r, r.sampler(logits[b, -1], r.prompt + r.generated))
+        # trim padding no request needs any more
+        longest = max(r.length for r in reqs)
+        if longest < self._batch_kv[0].shape[2]:
+            self._batch_kv = [a[:, :, :longest] for a in self._batch_kv]
+        self._set_kv_bytes()
+
+    def _emit(self, req: _Request, tid: int) -> None:
+        now = time.perf_counter()
+        req.t_last = now
+        self._tokens += 1
+        if tid in self.eos:
+            req.generated.append(tid)
+            self._finish(req, "stop")
+            return
+        req.generated.append(tid)
+        req.pending = tid
+        text, stopped = req.push_token(tid)
+        if text:
+            req.send.send_nowait(text)
+        if stopped:
+            self._finish(req, "stop")
+        elif (len(req.generated) >= req.params.max_new_tokens
+              or req.length + 1 >= self.context):
+            self._finish(req, "length")
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        if req.done:
+            return
+        req.done = True
+        self._completed += 1
+        self._reserved -= req.reserved if req.t_admit else 0
+        req.kv = None
+        if reason != "cancelled":
+            tail = req.flush()
+            if tail:
+                req.send.send_nowait(tail)
+        t_first = req.t_first or time.perf_counter()
+        res = GenerationResult(req.text, list(req.generated), reason, len(req.prompt),
+                               max(t_first - req.t_admit, 0.0) if req.t_admit else 0.0,
+                               max(req.t_last - t_first, 0.0))
+        try:
+            req.send.send_nowait(res)
+            req.send.close()
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        if req in self._prefilling:
+            self._prefilling.remove(req)
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        for r in list(self._waiting) + list(self._prefilling) + list(self._decoding):
+            if not r.done:
+                r.cancelled = True
+                self._finish(r, "cancelled")
+        self._waiting.clear()
+        self._prefilling.clear()
+        self._decoding.clear()
+        self._batch = []
+        self._batch_kv = None
+        self._set_kv_bytes()
+
+
+@asynccontextmanager
+async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
+                      kv_budget_bytes: int | None = None, prefill_chunk: int = 64,
+                      providers: Sequence[Any] | None = None,
+                      options: SessionOptions | None = None,
+                      home: str | Path | None = None) -> AsyncIterator[Engine]:
+    """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
+    open its session and run the engine actor until the block exits.
+
+    Args:
+        model: model name, llama-family ``.gguf`` path, or folder from
+            :func:`actorrt.genai.prepare_model`.
+        max_batch: most requests prefilling/decoding at once.
+        kv_budget_bytes: most KV-cache bytes for admitted requests (``None``:
+            unlimited); new requests wait FIFO while the budget is full.
+        prefill_chunk: prompt tokens per prefill run.
+
+    Raises:
+        ModelLoadError: the model cannot be fetched, built or loaded.
+    """
+    from .models import prepare_model
+    from .tokenizer import load_tokenizer
+
+    p = Path(model)
+    if p.is_dir() and (p / "model.onnx").exists():
+        folder = p
+    else:
+        folder = await trio.to_thread.run_sync(lambda: prepare_model(str(model), home=home))
+    config = json.loads((folder / "genai_config.json").read_text())
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
+    async with open_session(folder / "model.onnx", providers, options) as session:
+        engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
+                        kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(engine._loop)
+            try:
+                yield engine
+            finally:
+                await engine._shutdown()
+                engine._wake.set()
+
+
+def _flat_config(cfg: dict) -> dict:
+    """Flatten nested config dicts so keys like ``context_length`` are found."""
+    out: dict = {}
+
+    def walk(d):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v)
+            out.setdefault(k, v)
+    walk(cfg)
+    return out

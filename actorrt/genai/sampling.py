@@ -1,0 +1,99 @@
+"""Sampling parameters and the token sampler (greedy, temperature, top-k,
+top-p, min-p, repetition penalty), one seeded generator per request."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from .._errors import GenerationError
+
+__all__ = ["SamplingParams", "Sampler"]
+
+
+@attrs.frozen
+class SamplingParams:
+    """How to pick tokens for one request.
+
+    Attributes:
+        max_new_tokens: most tokens to generate (>= 1).
+        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        top_k: keep the k most likely tokens (0: all).
+        top_p: keep the smallest set whose probability reaches p (1.0: all).
+        min_p: drop tokens whose probability is below ``min_p`` x the top one (0: off).
+        repetition_penalty: > 1 discourages tokens already in the prompt or output
+            (llama.cpp / HF rule: positive logits divided, negative multiplied).
+        seed: seed of this request's generator (``None``: fresh entropy).
+        stop: strings that end generation (not included in the text).
+
+    Raises:
+        GenerationError: a value out of range (checked on construction).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda s: (s,) if isinstance(s, str) else tuple(s))
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise GenerationError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise GenerationError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise GenerationError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    """Picks the next token from a logits row for one request."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """Next token id from ``logits`` (shape ``(vocab,)``, float32)."""
+        p = self.params
+        if p.repetition_penalty != 1.0 and len(history):
+            logits = logits.astype(np.float32, copy=True)
+            ids = np.unique(np.asarray(history, dtype=np.int64))
+            vals = logits[ids]
+            logits[ids] = np.where(vals > 0, vals / p.repetition_penalty,
+                                   vals * p.repetition_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / p.temperature
+        if p.top_k and p.top_k < z.size:
+            kth = np.partition(z, -p.top_k)[-p.top_k]
+            z = np.where(z < kth, -np.inf, z)
+        z -= z.max()
+        probs = np.exp(z)
+        probs /= probs.sum()
+        if p.min_p > 0:
+            probs = np.where(probs < p.min_p * probs.max(), 0.0, probs)
+            probs /= probs.sum()
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            csum = np.cumsum(probs[order])
+            keep = csum - probs[order] < p.top_p  # always keeps the first
+            mask = np.zeros_like(probs, dtype=bool)
+            mask[order[keep]] = True
+            probs = np.where(mask, probs, 0.0)
+            probs /= probs.sum()
+        return int(self.rng.choice(probs.size, p=probs))

@@ -635,33 +635,34 @@ class _Compiler:
 
         step_deps = [deps(s) for s in steps]
         seg_of: list[int] = [-1] * len(steps)
-        segs: list[list[Step]] = []
-        if not self.options.parallel:
-            cur = None
+        threshold = self.options.segment_threshold_us
+        heavy = sum(1 for s in steps if s.cost.total_us >= threshold)
+        if not self.options.parallel or heavy < 2:
+            # nothing worth running concurrently: one segment per provider run
             for s in steps:
-                if cur is None or segs[cur][0].provider is not s.provider:
-                    segs.append([])
-                    cur = len(segs) - 1
-                segs[cur].append(s)
+                if s.index == 0 or steps[s.index - 1].provider is not s.provider:
+                    cur = (seg_of[s.index - 1] + 1) if s.index else 0
                 seg_of[s.index] = cur
         else:
-            extended: set[int] = set()  # step indices whose chain was extended
+            # chains: a step extends the chain whose tail it consumes first
+            tails: dict[int, int] = {}  # step index at a chain's tail -> chain id
+            n = 0
             for s in steps:
                 target = None
                 for d in sorted(step_deps[s.index]):
-                    sd = seg_of[d]
-                    if (segs[sd][-1].index == d and d not in extended
-                            and segs[sd][0].provider is s.provider):
-                        target = sd
-                        extended.add(d)
+                    if d in tails and steps[d].provider is s.provider:
+                        target = tails.pop(d)
                         break
                 if target is None:
-                    segs.append([])
-                    target = len(segs) - 1
-                segs[target].append(s)
+                    target, n = n, n + 1
                 seg_of[s.index] = target
-            segs, seg_of = _merge_segments(segs, seg_of, step_deps,
-                                           self.options.segment_threshold_us)
+                tails[s.index] = target
+            seg_of = _merge_cheap(steps, seg_of, step_deps, threshold)
+        seg_of = _condense(steps, seg_of, step_deps)
+        count = max(seg_of) + 1 if seg_of else 0
+        segs: list[list[Step]] = [[] for _ in range(count)]
+        for s in steps:
+            segs[seg_of[s.index]].append(s)
         # build Segment objects
         for i, ss in enumerate(segs):
             seg = Segment(i, ss[0].provider, ss)
@@ -706,78 +707,101 @@ class _Compiler:
             plan.release_counts.pop(spec.slot, None)
 
 
-def _merge_segments(segs, seg_of, step_deps, threshold_us):
-    """Merge cheap segments into neighbours and straight chains of segments,
-    keeping the segment graph acyclic."""
-    def seg_deps(k):
-        out = set()
-        for st in segs[k]:
-            for d in step_deps[st.index]:
-                if seg_of[d] != k:
-                    out.add(seg_of[d])
-        return out
+def _quotient(seg_of: list[int], step_deps: list[set[int]]) -> dict[int, set[int]]:
+    preds: dict[int, set[int]] = {g: set() for g in seg_of}
+    for i, ds in enumerate(step_deps):
+        for d in ds:
+            if seg_of[d] != seg_of[i]:
+                preds[seg_of[i]].add(seg_of[d])
+    return preds
 
-    changed = True
-    alive = [True] * len(segs)
-    while changed:
-        changed = False
-        preds = {k: seg_deps(k) for k in range(len(segs)) if alive[k]}
-        succs: dict[int, set[int]] = {k: set() for k in preds}
-        for k, ps in preds.items():
-            for p in ps:
-                succs[p].add(k)
-        for k in sorted(preds, key=lambda k: segs[k][0].index):
-            if not alive[k]:
+
+def _merge_cheap(steps, seg_of, step_deps, threshold_us) -> list[int]:
+    """Fold cheap chains into a neighbour: a chain estimated under
+    ``threshold_us`` joins its only predecessor; cheap chains with no
+    predecessor run together. Cycles this may create are removed by
+    :func:`_condense`."""
+    cost: dict[int, float] = {}
+    for s in steps:
+        cost[seg_of[s.index]] = cost.get(seg_of[s.index], 0.0) + s.cost.total_us
+    preds = _quotient(seg_of, step_deps)
+    parent = {g: g for g in preds}
+
+    def find(g):
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    first_source = None
+    for g in sorted(preds):  # chain ids grow with their first step
+        if cost[g] >= threshold_us:
+            continue
+        ps = {find(p) for p in preds[g]}
+        if len(ps) == 1:
+            (p,) = ps
+            parent[find(g)] = p
+        elif not ps:
+            if first_source is None:
+                first_source = find(g)
+            else:
+                parent[find(g)] = find(first_source)
+    return [find(g) for g in seg_of]
+
+
+def _condense(steps, seg_of, step_deps) -> list[int]:
+    """Merge every cycle of the segment graph (strongly connected components)
+    so segments form a DAG, numbered in topological order."""
+    preds = _quotient(seg_of, step_deps)
+    succs: dict[int, set[int]] = {g: set() for g in preds}
+    for g, ps in preds.items():
+        for p in ps:
+            succs[p].add(g)
+    # Tarjan's algorithm, iterative
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    comp: dict[int, int] = {}
+    counter = 0
+    ncomp = 0
+    for root in preds:
+        if root in index:
+            continue
+        work = [(root, iter(succs[root]))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(succs[w])))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
                 continue
-            ps = preds[k]
-            cost = sum(st.cost.total_us for st in segs[k])
-            if len(ps) == 1:
-                (p,) = ps
-                if not alive[p] or segs[p][0].provider is not segs[k][0].provider:
-                    continue
-                first = {seg_of[d] for d in step_deps[segs[k][0].index]}
-                if cost < threshold_us or (len(succs[p]) == 1 and p in first):
-                    # append k after p: k depends only on p
-                    for st in segs[k]:
-                        seg_of[st.index] = p
-                    segs[p] = sorted(segs[p] + segs[k], key=lambda st: st.index)
-                    alive[k] = False
-                    changed = True
-                    break
-            elif len(ps) == 0 and cost < threshold_us and len(succs[k]) == 1:
-                (q,) = succs[k]
-                if preds[q] == {k} and segs[q][0].provider is segs[k][0].provider:
-                    for st in segs[k]:
-                        seg_of[st.index] = q
-                    segs[q] = sorted(segs[k] + segs[q], key=lambda st: st.index)
-                    alive[k] = False
-                    changed = True
-                    break
-            elif len(ps) == 0 and cost < threshold_us:
-                # a cheap source branch: run it with another cheap source
-                others = [j for j in preds if j != k and alive[j] and not preds[j]
-                          and segs[j][0].provider is segs[k][0].provider]
-                if others:
-                    j = others[0]
-                    for st in segs[k]:
-                        seg_of[st.index] = j
-                    segs[j] = sorted(segs[j] + segs[k], key=lambda st: st.index)
-                    alive[k] = False
-                    changed = True
-                    break
-    remap = {}
-    out = []
-    for k, ss in enumerate(segs):
-        if alive[k]:
-            remap[k] = len(out)
-            out.append(ss)
-    seg_of = [remap[s] for s in seg_of]
-    # order segments topologically by their first step
-    order = sorted(range(len(out)), key=lambda k: out[k][0].index)
-    re2 = {old: new for new, old in enumerate(order)}
-    out = [out[k] for k in order]
-    seg_of = [re2[s] for s in seg_of]
-    return out, seg_of
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = ncomp
+                    if w == v:
+                        break
+                ncomp += 1
+    # Tarjan numbers components in reverse topological order
+    return [ncomp - 1 - comp[g] for g in seg_of]
 
 
 def _materialise_sized(o: KernelSizedOutput) -> np.ndarray:

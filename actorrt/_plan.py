@@ -55,12 +55,15 @@ class PlanOptions:
         segment_threshold_us: a branch estimated cheaper than this (µs) is merged
             into a neighbour rather than paying a message to run alone.
         tracer: a tracing collector; ``None`` compiles code with no trace hooks.
+        track_memory: account every owned intermediate (not views) as
+            ``activations`` on its provider; off compiles no accounting code.
     """
 
     fold_constants: bool = True
     parallel: bool = True
     segment_threshold_us: float = 200.0
     tracer: Any = None
+    track_memory: bool = False
 
 
 @attrs.define(eq=False)
@@ -247,6 +250,8 @@ class Plan:
         self.slot_names: list[str] = []
         self.outer_inputs: list[tuple[str, int]] = []
         self.release_counts: dict[int, int] = {}
+        self.tracker_release: Any = None  # set when intermediates are accounted
+        self.trackers: dict[str, ActivationTracker] = {}
         self.tracer = None
         self._input_index = {}
 
@@ -469,6 +474,15 @@ class _Compiler:
         self.segment(pending)
         for seg in plan.segments:
             _codegen(plan, seg, self.consts, self.slots, options=self.options)
+        if self.options.track_memory:
+            stores = [(plan.trackers[seg.provider.name], slot) for seg in plan.segments
+                      for slot in seg.stores]
+
+            def release(env: list) -> None:
+                for tracker, slot in stores:
+                    tracker.free(env[slot])
+
+            plan.tracker_release = release
         plan.nslots = len(self.slots)
         return plan
 
@@ -831,6 +845,29 @@ def _materialise_sized(o: KernelSizedOutput) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
 
 
+class ActivationTracker:
+    """Accounts owned intermediates as ``activations`` on a provider's memory
+    accountant. An output that shares memory with one of its step's inputs (a
+    view) costs nothing; each buffer is counted once however many values hold it."""
+
+    def __init__(self, accountant: Any):
+        self.acc = accountant
+        self.live: dict[int, Any] = {}
+
+    def alloc(self, v: Any, *inputs: Any) -> None:
+        if type(v) is not np.ndarray or not v.nbytes or id(v) in self.live:
+            return
+        for x in inputs:
+            if type(x) is np.ndarray and np.may_share_memory(v, x):
+                return
+        self.acc.reserve(v.nbytes, "activations", what="an intermediate")
+        self.live[id(v)] = v
+
+    def free(self, v: Any) -> None:
+        if self.live.pop(id(v), None) is not None:
+            self.acc.release(v.nbytes, "activations")
+
+
 class SubgraphRunner:
     """A compiled control-flow body: ``runner(inputs, outer) -> list of outputs``.
 
@@ -869,6 +906,11 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
     const_slots = {slots[n]: v for n, v in consts.items() if n in slots}
     tracer = options.tracer
     defaults: dict[str, Any] = {"_sized": _materialise_sized, "_contig": np.ascontiguousarray}
+    track = options.track_memory
+    if track:
+        tracker = plan.trackers.setdefault(seg.provider.name, ActivationTracker(seg.provider.memory))
+        defaults["_alloc"] = tracker.alloc
+        defaults["_free"] = tracker.free
     lines: list[str] = []
     line_steps: list[Step | None] = []
 
@@ -935,6 +977,11 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
             ins = ", ".join(ref(i) for i in st.inputs)
             outs_ = ", ".join(f"v{o}" for o in outs if o >= 0)
             emit(f"_span(s{st.index}, _t0, ({ins}{',' if ins else ''}), ({outs_}{',' if outs_ else ''}))", st)
+        if track:
+            ins = "".join(f", {ref(i)}" for i in st.inputs if i >= 0)
+            for o in outs:
+                if o >= 0:
+                    emit(f"_alloc(v{o}{ins})", st)
         for o in outs:
             if o >= 0 and o in stores:
                 emit(f"env[{o}] = v{o}", st)
@@ -945,6 +992,10 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
             if o >= 0 and o not in last_use and o not in stores:
                 dead.append(o)
         if dead:
+            if track:
+                for i in sorted(set(dead)):
+                    if i not in loads and i not in stores:
+                        emit(f"_free(v{i})", None)
             emit("del " + ", ".join(f"v{i}" for i in sorted(set(dead))), None)
     if tracer is not None:
         emit("_act(False)")

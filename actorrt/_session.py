@@ -36,6 +36,9 @@ class SessionOptions:
             closes (also enabled by the ``ACTORRT_TRACE`` environment variable).
         enable_fallback: register the slow ``reference`` provider after the
             others, for nodes they decline.
+        track_memory: account every owned intermediate as ``activations``
+            (live/peak bytes per run; views are free). Costs a little per node;
+            on by default when ``memory_limit`` is set.
     """
 
     workers: int | None = None
@@ -46,6 +49,7 @@ class SessionOptions:
     trace: str = "off"
     trace_path: str | None = None
     enable_fallback: bool = False
+    track_memory: bool = False
 
 
 @attrs.frozen
@@ -159,7 +163,11 @@ class Session:
             for name, b in self._bindings.items():
                 feeds.setdefault(name, b.value())
         plan.bind_feeds(feeds, env)
-        await execute(plan, env, self._tracer)
+        try:
+            await execute(plan, env, self._tracer)
+        finally:
+            if plan.tracker_release is not None:
+                plan.tracker_release(env)
         if self._bindings:
             for b in self._bindings.values():
                 if b.output_name is not None:
@@ -268,7 +276,8 @@ async def execute(plan: Plan, env: list, tracer: Any = None) -> None:
     if not segs:
         return
     remaining = [len(s.preds) for s in segs]
-    counts = dict(plan.release_counts)
+    # with accounting on, values are released (and accounted) at the run's end
+    counts = dict(plan.release_counts) if plan.tracker_release is None else {}
 
     async def run(seg, nursery):
         await seg.provider.pool.ask(RunSegment(plan, seg, env))
@@ -329,7 +338,8 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
     loaded = await trio.to_thread.run_sync(load_model, model)
     plan_opts = PlanOptions(fold_constants=options.fold_constants,
                             parallel=options.parallel_execution,
-                            segment_threshold_us=options.segment_threshold_us, tracer=tracer)
+                            segment_threshold_us=options.segment_threshold_us, tracer=tracer,
+                            track_memory=options.track_memory or options.memory_limit is not None)
     m = loaded.model
     opsets = dict(m.opset_imports)
     plan = await trio.to_thread.run_sync(

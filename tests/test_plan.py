@@ -66,3 +66,37 @@ async def test_graph_output_that_is_an_input_or_constant():
     async with actorrt.open_session(m) as s:
         x, cc = await s.run(None, {"x": np.float32([3])})
         assert x.tolist() == [3.0] and cc.tolist() == [7.0]
+
+
+def _transpose_reshape(shape_to):
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1], name="tr"),
+         helper.make_node("Reshape", ["t", "shape"], ["y"], name="rs")], "views",
+        [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+        [numpy_helper.from_array(np.int64(shape_to), "shape")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+async def test_transpose_reshape_chain_allocates_nothing_when_views_suffice():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    opts = actorrt.SessionOptions(track_memory=True)
+    async with actorrt.open_session(_transpose_reshape([2, 4, 3, 1]), options=opts) as s:
+        cpu = s._providers[0]
+        before = cpu.statistics().memory
+        (y,) = await s.run(None, {"x": x})
+        after = cpu.statistics().memory
+        np.testing.assert_array_equal(y, x.transpose(0, 2, 1).reshape(2, 4, 3, 1))
+        assert np.shares_memory(y, x)
+        assert after.allocations == before.allocations
+        assert after.peak_by_role["activations"] == 0
+    # merging transposed dims cannot be a view: one buffer, accounted and returned
+    async with actorrt.open_session(_transpose_reshape([2, 12]), options=opts) as s:
+        cpu = s._providers[0]
+        before = cpu.statistics().memory
+        (y,) = await s.run(None, {"x": x})
+        after = cpu.statistics().memory
+        np.testing.assert_array_equal(y, x.transpose(0, 2, 1).reshape(2, 12))
+        assert after.allocations == before.allocations + 1
+        assert after.peak_by_role["activations"] == 96
+        assert after.live_by_role["activations"] == 0

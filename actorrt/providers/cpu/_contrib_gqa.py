@@ -1,0 +1,204 @@
+"""com.microsoft GroupQueryAttention on the CPU provider (onnxruntime CPU
+semantics: BNSH KV cache, right-padded batches described by ``seqlens_k``).
+
+Per batch entry ``b`` the cache holds ``T_b = seqlens_k[b] + 1`` tokens after
+the step. On the first prompt (``sequence_length == total_sequence_length``)
+nothing is cached before it (``P_b = 0``) and rows ``s >= T_b`` are padding;
+otherwise ``P_b = T_b - sequence_length`` tokens were cached and the new rows
+go to positions ``[P_b, T_b)``. Query row ``s`` attends causally to cache
+positions ``[0, P_b + s]`` (only the last ``local_window_size`` of them, itself
+included, when a window is set). Rotary positions without ``position_ids``:
+``s`` on the first prompt, ``P_b + s`` afterwards. ``present_*`` hold
+``max(total_sequence_length, past length)`` rows: each entry's ``P_b`` past rows,
+then its new rows, zeros after (onnxruntime without buffer sharing).
+Attention scores: ``scale * q.k`` (+ attention_bias), softcap, causal/window
+mask, softmax (with a zero logit for smooth_softmax, or ``head_sink[h]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from .._contract import Kernel, NodeSpec, deny, require
+from .registry import cpu_kernel
+
+_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _f32(x):
+    return x.astype(np.float32) if x.dtype in _LOW else x
+
+
+def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> np.ndarray:
+    """Rotate x (B, N, S, D) in place by cos/sin (B, 1, S, rot/2)."""
+    rot = cos.shape[-1] * 2
+    if interleaved:
+        x1 = x[..., 0:rot:2].copy()
+        x2 = x[..., 1:rot:2].copy()
+        x[..., 0:rot:2] = x1 * cos - x2 * sin
+        x[..., 1:rot:2] = x2 * cos + x1 * sin
+    else:
+        h = rot // 2
+        x1 = x[..., :h].copy()
+        x2 = x[..., h:rot].copy()
+        x[..., :h] = x1 * cos - x2 * sin
+        x[..., h:rot] = x2 * cos + x1 * sin
+    return x
+
+
+@cpu_kernel("GroupQueryAttention", domain="com.microsoft")
+class GroupQueryAttention(Kernel):
+    """com.microsoft GroupQueryAttention: query (B, S, H*D) or packed QKV
+    (B, S, (H + 2*KVH)*D); past/present KV (B, KVH, L, D); seqlens_k (B,) int32;
+    total_sequence_length int32 scalar. Outputs (output (B, S, H*D),
+    present_key, present_value)."""
+
+    multi_output = True
+
+    @classmethod
+    def check(cls, node: NodeSpec) -> None:
+        h = node.attr("num_heads", 0)
+        kvh = node.attr("kv_num_heads", 0)
+        require(h > 0 and kvh > 0 and h % kvh == 0,
+                "GroupQueryAttention: num_heads (%s) must be a positive multiple of "
+                "kv_num_heads (%s)", h, kvh)
+        require(node.attr("causal", 1) == 1, "GroupQueryAttention: causal=0 is not supported")
+        for a in ("k_quant_type", "v_quant_type"):
+            q = node.attr(a, "NONE")
+            q = q.decode() if isinstance(q, bytes) else q
+            require(q == "NONE", "GroupQueryAttention: quantized KV cache (%s=%s) is not "
+                    "supported", a, q)
+        require(not node.attr("kv_cache_bit_width", 0),
+                "GroupQueryAttention: quantized KV cache is not supported")
+        require(not node.attr("sliding_window_cache", 0),
+                "GroupQueryAttention: sliding_window_cache=1 is not supported")
+        require(not node.attr("qk_output", 0),
+                "GroupQueryAttention: qk_output is not supported")
+        for i, what in ((12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"),
+                        (15, "k_norm_weight"), (16, "query_seqlens")):
+            if node.has_input(i):
+                deny("GroupQueryAttention: input %s is not supported", what)
+        if node.attr("do_rotary", 0):
+            require(node.has_input(7) and node.has_input(8),
+                    "GroupQueryAttention: do_rotary=1 needs cos_cache and sin_cache")
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        a = node.attr
+        self.h = int(a("num_heads"))
+        self.kvh = int(a("kv_num_heads"))
+        self.scale = float(a("scale", 0.0) or 0.0)
+        self.softcap = float(a("softcap", 0.0) or 0.0)
+        self.window = int(a("local_window_size", -1))
+        self.do_rotary = bool(a("do_rotary", 0))
+        self.interleaved = bool(a("rotary_interleaved", 0))
+        self.smooth = int(a("smooth_softmax", -1)) == 1
+
+    def run(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+            total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+            attention_bias=None, head_sink=None, *unused):
+        h, kvh = self.h, self.kvh
+        dt = query.dtype
+        bsz, s, width = query.shape
+        qf = _f32(query)
+        if key is None:  # packed QKV
+            d = width // (h + 2 * kvh)
+            q = qf[..., :h * d]
+            k = qf[..., h * d:(h + kvh) * d]
+            v = qf[..., (h + kvh) * d:]
+        else:
+            d = width // h
+            q, k, v = qf, _f32(key), _f32(value)
+        if k.shape[1] != s:
+            raise ValueError("GroupQueryAttention: key must have the query's sequence length")
+        q = q.reshape(bsz, s, h, d).transpose(0, 2, 1, 3)
+        k = k.reshape(bsz, s, kvh, d).transpose(0, 2, 1, 3)
+        v = v.reshape(bsz, s, kvh, d).transpose(0, 2, 1, 3)
+
+        seqlens = np.asarray(seqlens_k, np.int64).reshape(-1)
+        total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+        tot = seqlens + 1  # T_b
+        past_len = 0 if past_key is None else past_key.shape[2]
+        present_len = max(total, past_len)
+        first_prompt = s == total
+        past = np.zeros_like(tot) if first_prompt else tot - s  # P_b
+        if (past < 0).any() or (past + s > present_len).any():
+            raise ValueError(f"GroupQueryAttention: seqlens_k {seqlens.tolist()} do not fit "
+                             f"sequence_length {s} and a present length of {present_len}")
+        if not first_prompt and past_len and (past > past_len).any():
+            raise ValueError("GroupQueryAttention: past_key is shorter than seqlens_k says")
+
+        if self.do_rotary:
+            if position_ids is not None:
+                pos = np.asarray(position_ids, np.int64).reshape(bsz, s)
+            elif first_prompt:
+                ar = np.arange(s, dtype=np.int64)[None, :]
+                pos = np.broadcast_to(ar, (bsz, s))
+            else:
+                pos = past[:, None] + np.arange(s, dtype=np.int64)[None, :]
+            cos_c, sin_c = _f32(cos_cache), _f32(sin_cache)
+            if pos.size and (pos.min() < 0 or pos.max() >= cos_c.shape[0]):
+                raise ValueError(f"GroupQueryAttention: rotary positions exceed cos_cache "
+                                 f"({cos_c.shape[0]} rows)")
+            cos = cos_c[pos][:, None]  # (B, 1, S, rot/2)
+            sin = sin_c[pos][:, None]
+            q = _rope(np.array(q, np.float32), cos, sin, self.interleaved)
+            k = _rope(np.array(k, np.float32), cos, sin, self.interleaved)
+
+        present_k = np.zeros((bsz, kvh, present_len, d), dt)
+        present_v = np.zeros((bsz, kvh, present_len, d), dt)
+        for b in range(bsz):
+            p = int(past[b])
+            if p:
+                present_k[b, :, :p] = past_key[b, :, :p]
+                present_v[b, :, :p] = past_value[b, :, :p]
+            present_k[b, :, p:p + s] = k[b]
+            present_v[b, :, p:p + s] = v[b]
+
+        alpha = self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d)
+        g = h // kvh
+        out = np.zeros((bsz, h, s, d), np.float32)
+        sink = None
+        if head_sink is not None:
+            sink = _f32(head_sink).astype(np.float32).reshape(kvh, g, 1, 1)
+        elif self.smooth:
+            sink = np.zeros((kvh, g, 1, 1), np.float32)
+        rows = np.arange(s)[:, None]
+        for b in range(bsz):
+            t = int(tot[b])
+            p = int(past[b])
+            kb = present_k[b, :, :t].astype(np.float32, copy=False)  # (KVH, T, D)
+            vb = present_v[b, :, :t].astype(np.float32, copy=False)
+            qb = q[b].reshape(kvh, g * s, d)
+            sc = np.matmul(qb, kb.transpose(0, 2, 1)).reshape(kvh, g, s, t)
+            sc *= np.float32(alpha)
+            if attention_bias is not None:
+                ab = _f32(attention_bias)
+                ab = ab[min(b, ab.shape[0] - 1), :, :, :t]  # (H or 1, S, T)
+                sc += ab.reshape(-1, 1, s, t) if ab.shape[0] == 1 else ab.reshape(kvh, g, s, t)
+            if self.softcap > 0.0:
+                c = np.float32(self.softcap)
+                sc = c * np.tanh(sc / c)
+            if s > 1 or self.window > 0:  # one decode row sees every cached token
+                cols = np.arange(t)[None, :]
+                causal = rows + p + 1  # keys visible to each row: [0, P_b + s]
+                mask = cols < causal
+                if self.window > 0:
+                    mask &= cols >= causal - self.window
+                sc = np.where(mask, sc, np.float32(-np.inf))
+            m = sc.max(axis=-1, keepdims=True)
+            if sink is not None:
+                m = np.maximum(m, sink)
+            if s > 1:  # a padded row past a window may see no key at all
+                m = np.where(np.isfinite(m), m, np.float32(0))
+            e = np.exp(sc - m)
+            den = e.sum(axis=-1, keepdims=True)
+            if sink is not None:
+                den = den + np.exp(sink - m)
+            probs = e / np.where(den > 0, den, 1.0)
+            out[b] = np.matmul(probs.reshape(kvh, g * s, t), vb).reshape(h, s, d)
+        y = out.transpose(0, 2, 1, 3).reshape(bsz, s, h * d).astype(dt, copy=False)
+        return y, present_k, present_v

@@ -1,0 +1,317 @@
+"""Block-quantized contrib kernels: com.microsoft MatMulNBits and
+GatherBlockQuantized (onnxruntime semantics).
+
+MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
+
+* numba present, bits 4 or 8 (or 2, unpacked to a byte each): B stays packed
+  (N, n_blocks, blob) uint8 next to float32 scales and zero points (N, n_blocks);
+  a parallel GEMV reads the packed blocks directly for up to
+  :data:`~actorrt.providers.cpu.contrib.GEMV_MAX_ROWS` rows of A, and a prefill
+  GEMM dequantizes tiles of columns into a scratch buffer and calls BLAS.
+* numba absent: B is dequantized once to a float32 (N, K) matrix and every call
+  is one BLAS product.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+import ml_dtypes
+import numpy as np
+
+from .._contract import Kernel, NodeSpec, deny, require
+from . import _contrib_numba as _nb
+from .registry import cpu_kernel
+
+MS = "com.microsoft"
+_LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32) if x.dtype in _LOW else x
+
+
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Unpack the last axis of a uint8 array holding ``bits``-bit values, low
+    bits first, into ``count`` uint8 values along that axis."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    if bits == 8:
+        return packed[..., :count]
+    if bits == 4:
+        out = np.stack([packed & 0x0F, packed >> 4], axis=-1)
+    elif bits == 2:
+        out = np.stack([(packed >> s) & 0x03 for s in (0, 2, 4, 6)], axis=-1)
+    else:  # generic bit stream
+        b = np.unpackbits(packed, axis=-1, bitorder="little")
+        n = b.shape[-1] // bits
+        b = b[..., :n * bits].reshape(*b.shape[:-1], n, bits)
+        out = (b.astype(np.uint16) << np.arange(bits, dtype=np.uint16)).sum(-1).astype(np.uint8)
+        return out[..., :count]
+    return out.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+# ----------------------------------------------------------------- MatMulNBits
+
+@attrs.frozen
+class PackedNBits:
+    """A MatMulNBits weight prepacked for the kernels.
+
+    Attributes:
+        k: input features K; ``n``: output features N.
+        bits: quantized bit width; ``block_size``: values per block.
+        q: numba layout: (N, n_blocks, block_size // 2) uint8 for 4 bits, else
+            (N, n_blocks, block_size) uint8; ``None`` on the numpy path.
+        scales / zps: (N, n_blocks) float32 (``None`` on the numpy path).
+        w: (N, K) float32 dequantized weight on the numpy path, else ``None``.
+        empty: the projection is omitted (zero-sized B): Y is zeros (+ bias).
+    """
+
+    k: int
+    n: int
+    bits: int
+    block_size: int
+    q: np.ndarray | None = None
+    scales: np.ndarray | None = None
+    zps: np.ndarray | None = None
+    w: np.ndarray | None = None
+    empty: bool = False
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.k // self.block_size)
+
+    @property
+    def nibbles(self) -> bool:
+        return self.q is not None and self.bits == 4
+
+
+def _zero_points(zp: np.ndarray | None, *, n: int, nb: int, bits: int) -> np.ndarray:
+    """(N, n_blocks) float32 zero points from packed uint8, float or none."""
+    if zp is None:
+        return np.full((n, nb), float(1 << (bits - 1)), np.float32)
+    if zp.dtype == np.uint8:
+        return unpack_bits(zp.reshape(n, -1), bits, nb).astype(np.float32)
+    return _f32(zp).astype(np.float32).reshape(n, nb)
+
+
+def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, k: int,
+               n: int, bits: int, block_size: int, use_numba: bool) -> PackedNBits:
+    """Prepack MatMulNBits constants (see :class:`PackedNBits`).
+
+    Raises:
+        ValueError: B, scales or zero points do not match K, N, bits, block_size.
+    """
+    nb = -(-k // block_size)
+    blob = block_size * bits // 8
+    if b.size == 0:
+        return PackedNBits(k, n, bits, block_size, empty=True)
+    if b.size != n * nb * blob:
+        raise ValueError(f"MatMulNBits: B has shape {b.shape}, expected ({n}, {nb}, {blob})")
+    if scales.size != n * nb:
+        raise ValueError(f"MatMulNBits: scales has {scales.size} values, expected {n * nb}")
+    b = np.ascontiguousarray(b, np.uint8).reshape(n, nb, blob)
+    sc = _f32(scales).astype(np.float32).reshape(n, nb)
+    zps = _zero_points(zero_points, n=n, nb=nb, bits=bits)
+    if use_numba and _nb.HAVE_NUMBA:
+        q = b if bits in (4, 8) else unpack_bits(b, bits, block_size)
+        return PackedNBits(k, n, bits, block_size, q=np.ascontiguousarray(q),
+                           scales=np.ascontiguousarray(sc), zps=np.ascontiguousarray(zps))
+    vals = unpack_bits(b, bits, block_size).astype(np.float32)  # (N, nb, bs)
+    vals -= zps[:, :, None]
+    vals *= sc[:, :, None]
+    w = np.ascontiguousarray(vals.reshape(n, nb * block_size)[:, :k])
+    return PackedNBits(k, n, bits, block_size, w=w)
+
+
+def _split_blocks(a: np.ndarray, p: PackedNBits) -> np.ndarray:
+    """(M, K) float32 -> (M, n_blocks, block_size), zero-padded past K."""
+    m = a.shape[0]
+    kp = p.n_blocks * p.block_size
+    if kp != p.k:
+        a = np.concatenate([a, np.zeros((m, kp - p.k), np.float32)], axis=1)
+    return np.ascontiguousarray(a).reshape(m, p.n_blocks, p.block_size)
+
+
+def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
+    """(M, K) float32 @ packed B -> (M, N) float32 with the numba kernels."""
+    m = a.shape[0]
+    out = np.empty((m, p.n), np.float32)
+    if m <= GEMV_MAX_ROWS:
+        ab = _split_blocks(a, p)
+        asum = ab.sum(axis=2)
+        if p.nibbles:  # even / odd elements of each block meet low / high nibbles
+            a2 = np.ascontiguousarray(
+                ab.reshape(m, p.n_blocks, p.block_size // 2, 2).transpose(0, 1, 3, 2))
+            _nb.gemv_q4(a2, asum, p.q, p.scales, p.zps, out)
+        else:
+            _nb.gemv_q8(ab, asum, p.q, p.scales, p.zps, out)
+        return out
+    kp = p.n_blocks * p.block_size
+    tile = min(GEMM_TILE_N, p.n)
+    w = np.empty((tile, kp), np.float32)
+    deq = _nb.dequant_q4 if p.nibbles else _nb.dequant_q8
+    for n0 in range(0, p.n, tile):
+        t = min(tile, p.n - n0)
+        deq(p.q, p.scales, p.zps, n0, w[:t])
+        np.matmul(a, w[:t, :p.k].T, out=out[:, n0:n0 + t])
+    return out
+
+
+def matmul_nbits_numpy(a: np.ndarray, p: PackedNBits) -> np.ndarray:
+    """(M, K) float32 @ dequantized B -> (M, N) float32."""
+    return a @ p.w.T
+
+
+#: MatMulNBits uses the numba GEMV for at most this many rows of A.
+GEMV_MAX_ROWS = 4
+#: Columns of B dequantized per tile when a GEMM (prefill) runs on numba.
+GEMM_TILE_N = 2048
+
+
+@cpu_kernel("MatMulNBits", domain=MS)
+class MatMulNBits(Kernel):
+    """com.microsoft MatMulNBits: Y = A @ dequant(B)^T (+ bias), B (N, n_blocks,
+    blob) uint8 block-quantized along K; A float32/float16/bfloat16 (..., K)."""
+
+    @classmethod
+    def check(cls, node: NodeSpec) -> None:
+        bits = node.attr("bits", 4)
+        bs = node.attr("block_size")
+        require(bits in (2, 4, 8), "MatMulNBits: bits=%s is not supported (2, 4 or 8)", bits)
+        require(bs is not None and bs >= 16 and bs & (bs - 1) == 0,
+                "MatMulNBits: block_size must be a power of two >= 16, got %s", bs)
+        require(node.attr("K") is not None and node.attr("N") is not None,
+                "MatMulNBits: attributes K and N are required")
+        if node.has_input(4):
+            deny("MatMulNBits: the deprecated g_idx input is not supported")
+        if node.attr("weight_prepacked", 0):
+            deny("MatMulNBits: weight_prepacked=%s is a CUDA-specific layout",
+                 node.attr("weight_prepacked"))
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        m = 1
+        t = node.input_type(0)
+        if t is not None and t.shape:
+            for d in t.shape[:-1]:
+                m *= d if isinstance(d, int) and d > 0 else 1
+        return 2.0 * m * node.attr("K") * node.attr("N")
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self.k = int(node.attr("K"))
+        self.n = int(node.attr("N"))
+        self.bits = int(node.attr("bits", 4))
+        self.block_size = int(node.attr("block_size"))
+        self.use_numba = _nb.HAVE_NUMBA
+        self.packed: PackedNBits | None = None
+
+    def _pack(self, b, scales, zp) -> PackedNBits:
+        return pack_nbits(b, scales, zp, k=self.k, n=self.n, bits=self.bits,
+                          block_size=self.block_size, use_numba=self.use_numba)
+
+    def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
+        if 1 not in constants or 2 not in constants:
+            return
+        if self.node.has_input(3) and 3 not in constants:
+            return
+        key = ("MatMulNBits", self.use_numba)
+        p = shared.get(key)
+        if p is None:
+            p = self._pack(constants[1], constants[2], constants.get(3))
+            shared[key] = p
+        if p.q is not None:
+            _nb.warm_up()
+        self.packed = p
+
+    def run(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
+        p = self.packed if self.packed is not None else self._pack(B, scales, zero_points)
+        if A.shape[-1] != self.k:
+            raise ValueError(f"MatMulNBits: A has {A.shape[-1]} features, K={self.k}")
+        lead = A.shape[:-1]
+        if p.empty:
+            y = np.zeros(lead + (self.n,), np.float32)
+        else:
+            a = np.ascontiguousarray(_f32(A).reshape(-1, self.k), dtype=np.float32)
+            y = matmul_nbits_numba(a, p) if p.q is not None else matmul_nbits_numpy(a, p)
+            y = y.reshape(lead + (self.n,))
+        if bias is not None:
+            y = y + _f32(bias)
+        return y.astype(A.dtype, copy=False)
+
+
+# -------------------------------------------------------- GatherBlockQuantized
+
+_FLOAT_CODES = tuple(np.dtype(t) for t in (
+    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
+    ml_dtypes.float8_e5m2fnuz, ml_dtypes.float4_e2m1fn))
+_INT4 = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+
+
+def _values(data: np.ndarray, bits: int) -> tuple[np.ndarray, int]:
+    """Integer values of quantized ``data`` (unpacking uint8 along the last
+    axis) and the default zero point."""
+    if data.dtype in _INT4:
+        return data.astype(np.int32), 0
+    if bits == 8:
+        return data.astype(np.int32), 128
+    per = 8 // bits
+    vals = unpack_bits(data, bits, data.shape[-1] * per).astype(np.int32)
+    return vals, 1 << (bits - 1)
+
+
+def _take_blocks(t: np.ndarray, safe: np.ndarray, ga: int, qa: int, bsz: int,
+                 full: int, idx_ndim: int) -> np.ndarray:
+    """Gather per-block ``t`` (scales or zero points, data's rank) along the
+    gather axis and expand its block axis to ``full`` elements (output layout)."""
+    if ga == qa:
+        return np.take(t, safe // bsz, axis=ga)
+    if t.shape[ga] == 1:  # shared along the gather axis (FP8 per-tensor scales)
+        g = t.reshape(t.shape[:ga] + (1,) * idx_ndim + t.shape[ga + 1:])
+    else:
+        g = np.take(t, safe, axis=ga)
+    qa_out = qa + idx_ndim - 1 if qa > ga else qa
+    if g.shape[qa_out] == 1:
+        return g  # one block covers the whole axis: broadcasts
+    g = np.repeat(g, bsz, axis=qa_out)
+    return np.take(g, np.arange(full), axis=qa_out)
+
+
+@cpu_kernel("GatherBlockQuantized", domain=MS)
+def GatherBlockQuantized(data, indices, scales, zero_points=None, *, bits=4, block_size=128,
+                         gather_axis=0, quantize_axis=1):
+    """com.microsoft GatherBlockQuantized: Gather of block-quantized ``data``
+    (int4/uint4, uint8 holding ``bits``-bit values packed along the last axis,
+    or float8/float4) dequantized as (q - zero_point) * scale; out-of-range
+    indices give zero slices. Output dtype is the scales' dtype."""
+    is_float = data.dtype in _FLOAT_CODES
+    if is_float:
+        vals, default_zp = data.astype(np.float32), 0
+    else:
+        vals, default_zp = _values(data, bits)
+    r = vals.ndim
+    ga = gather_axis % r
+    qa = quantize_axis % r
+    dim = vals.shape[ga]
+    bsz = block_size if block_size > 0 else vals.shape[qa]
+    idx = np.asarray(indices, np.int64)
+    idx = np.where(idx < 0, idx + dim, idx)
+    valid = (idx >= 0) & (idx < dim)
+    safe = np.where(valid, idx, 0)
+    out = np.take(vals, safe, axis=ga).astype(np.float32)
+    full = vals.shape[qa]
+    if not is_float:
+        if zero_points is not None:
+            if zero_points.dtype in _INT4:
+                zp = zero_points.astype(np.float32)
+            else:
+                zp = _values(zero_points, bits)[0].astype(np.float32)
+                zp = zp[tuple(slice(0, n) for n in scales.shape)]
+            out -= _take_blocks(zp, safe, ga, qa, bsz, full, idx.ndim)
+        else:
+            out -= np.float32(default_zp)
+    out *= _take_blocks(_f32(scales).astype(np.float32), safe, ga, qa, bsz, full, idx.ndim)
+    mask = valid.reshape((1,) * ga + valid.shape + (1,) * (r - ga - 1))
+    out = np.where(mask, out, np.float32(0))
+    return out.astype(scales.dtype, copy=False)

@@ -1,0 +1,40 @@
+"""Helpers shared by the control-flow kernels (Loop, Scan, SequenceMap)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..._dtypes import to_numpy_dtype
+from .._contract import ValueType
+
+
+def stack_scan_output(items: Sequence[np.ndarray], axis: int, *, reverse: bool) -> np.ndarray:
+    """Stack per-iteration outputs along a new ``axis`` (last iteration first
+    when ``reverse``).
+
+    Raises:
+        ValueError: the iterations produced different shapes.
+    """
+    arrs = [np.asarray(x) for x in (reversed(items) if reverse else items)]
+    shapes = {a.shape for a in arrs}
+    if len(shapes) > 1:
+        raise ValueError(f"scan output shapes differ between iterations: {sorted(shapes)}")
+    return np.stack(arrs, axis=axis)
+
+
+def empty_scan_output(vt: ValueType | None, axis: int) -> np.ndarray:
+    """A scan output of zero iterations: the body output's declared shape with a
+    0-length axis inserted at ``axis`` (unknown dims count as 0, an unknown rank
+    as a scalar; an unknown dtype as float32)."""
+    dtype = np.dtype(np.float32)
+    dims: tuple[int, ...] = ()
+    if vt is not None:
+        if vt.dtype is not None:
+            dtype = to_numpy_dtype(vt.dtype)
+        if vt.shape is not None:
+            dims = tuple(d if isinstance(d, int) and d >= 0 else 0 for d in vt.shape)
+    rank = len(dims) + 1
+    ax = axis % rank if -rank <= axis < rank else 0
+    return np.zeros(dims[:ax] + (0,) + dims[ax:], dtype)

@@ -1,0 +1,218 @@
+"""Shared geometry and window helpers for the convolution, pooling and image
+kernels (``conv.py``, ``pool.py``, ``image.py``).
+
+Layouts are ONNX's: ``(N, C, D1, ..., Dn)`` with the spatial axes last. Pads are
+given ONNX-style as ``[b1, ..., bn, e1, ..., en]`` and handled here as two
+tuples ``(begin, end)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "compute_dtype", "spatial_params", "conv_geometry", "pad_spatial", "sliding_view",
+    "tap_slices", "scatter_taps", "conv_core", "reflect", "decode_str",
+]
+
+def decode_str(v, default: str = "") -> str:
+    """An attribute string (ONNX attributes may arrive as bytes)."""
+    if v is None:
+        return default
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype arithmetic runs in: float64 stays, everything else float32."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def spatial_params(nd: int, kernel: Sequence[int], strides, dilations, pads):
+    """Normalise the usual attributes for ``nd`` spatial axes.
+
+    Returns:
+        ``(kernel, strides, dilations, pads_begin, pads_end)`` as int tuples.
+
+    Raises:
+        ValueError: an attribute has the wrong length.
+    """
+    kernel = tuple(int(k) for k in kernel)
+    strides = tuple(int(s) for s in strides) if strides else (1,) * nd
+    dilations = tuple(int(d) for d in dilations) if dilations else (1,) * nd
+    pads = tuple(int(p) for p in pads) if pads else (0,) * (2 * nd)
+    if len(kernel) != nd or len(strides) != nd or len(dilations) != nd or len(pads) != 2 * nd:
+        raise ValueError(f"attribute lengths do not match {nd} spatial axes: kernel_shape="
+                         f"{kernel}, strides={strides}, dilations={dilations}, pads={pads}")
+    return kernel, strides, dilations, pads[:nd], pads[nd:]
+
+
+def conv_geometry(in_shape: Sequence[int], kernel, strides, dilations, pb, pe,
+                  auto_pad: str = "NOTSET", ceil_mode: bool = False):
+    """Output size and effective pads of a sliding window (Conv / pooling rules).
+
+    ``auto_pad`` SAME_UPPER / SAME_LOWER give ``ceil(in / stride)`` outputs with
+    the odd pad at the end / beginning; VALID no padding. ``ceil_mode`` rounds
+    the output count up but drops a last window that would start in the end pad.
+
+    Returns:
+        ``(out_shape, pads_begin, pads_end)``; ``pads_end`` may exceed the
+        declared end pad in ceil mode so every window fits.
+
+    Raises:
+        ValueError: an output size would be < 1.
+    """
+    out, b_out, e_out = [], [], []
+    for i, n in enumerate(in_shape):
+        k, s, d = kernel[i], strides[i], dilations[i]
+        dk = (k - 1) * d + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-n // s)
+            total = max(0, (o - 1) * s + dk - n)
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            e = total - b
+        elif auto_pad == "VALID":
+            o = (n - dk) // s + 1
+            b = e = 0
+        else:
+            b, e = pb[i], pe[i]
+            span = n + b + e - dk
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= n + b:
+                    o -= 1
+            else:
+                o = span // s + 1
+        if o < 1:
+            raise ValueError(f"spatial axis {i}: input {n}, kernel {k}, dilation {d}, stride "
+                             f"{s}, pads ({b}, {e}) give an empty output")
+        e = max(e, (o - 1) * s + dk - n - b)  # ceil mode may need more room at the end
+        out.append(o)
+        b_out.append(b)
+        e_out.append(e)
+    return tuple(out), tuple(b_out), tuple(e_out)
+
+
+def pad_spatial(x: np.ndarray, pb, pe, value=0) -> np.ndarray:
+    """``x`` padded with ``value`` on its trailing spatial axes (no copy when no pads)."""
+    if not any(pb) and not any(pe):
+        return x
+    lead = [(0, 0)] * (x.ndim - len(pb))
+    return np.pad(x, lead + list(zip(pb, pe)), mode="constant", constant_values=value)
+
+
+def sliding_view(xp: np.ndarray, out_shape, kernel, strides, dilations) -> np.ndarray:
+    """A read-only strided view ``(*lead, *kernel, *out)`` of the padded input
+    ``xp`` ``(*lead, *spatial)``: element ``[..., k, o]`` is
+    ``xp[..., o * stride + k * dilation]``."""
+    nd = len(kernel)
+    lead_shape, lead_strides = xp.shape[:-nd], xp.strides[:-nd]
+    sp = xp.strides[-nd:]
+    shape = (*lead_shape, *kernel, *out_shape)
+    strides = (*lead_strides, *(sp[i] * dilations[i] for i in range(nd)),
+               *(sp[i] * strides[i] for i in range(nd)))
+    return np.lib.stride_tricks.as_strided(xp, shape, strides, writeable=False)
+
+
+def tap_slices(kernel, out_shape, strides, dilations):
+    """Yield ``(tap_index, flat_tap, slices)``: the spatial slices of a padded
+    input that kernel tap ``tap_index`` reads for every output position."""
+    for t, kk in enumerate(itertools.product(*(range(k) for k in kernel))):
+        sl = tuple(slice(kk[i] * dilations[i],
+                         kk[i] * dilations[i] + (out_shape[i] - 1) * strides[i] + 1, strides[i])
+                   for i in range(len(kernel)))
+        yield kk, t, sl
+
+
+def scatter_taps(cols: np.ndarray, out: np.ndarray, kernel, in_shape, strides, dilations,
+                 pb) -> None:
+    """Col2im: add ``cols`` ``(*lead, *kernel, *in_shape)`` into ``out``
+    ``(*lead, *out_spatial)`` where tap ``k`` of input position ``i`` lands on
+    ``i * stride + k * dilation - pad_begin`` (positions outside are dropped)."""
+    nd = len(kernel)
+    out_sp = out.shape[-nd:]
+    for kk in itertools.product(*(range(k) for k in kernel)):
+        src, dst = [], []
+        empty = False
+        for a in range(nd):
+            off = kk[a] * dilations[a] - pb[a]
+            s = strides[a]
+            i0 = -(off // s) if off < 0 else 0  # first i with i * s + off >= 0
+            i1 = min(in_shape[a], (out_sp[a] - 1 - off) // s + 1)
+            if i1 <= i0:
+                empty = True
+                break
+            src.append(slice(i0, i1))
+            o0 = i0 * s + off
+            dst.append(slice(o0, o0 + (i1 - i0 - 1) * s + 1, s))
+        if empty:
+            continue
+        out[(Ellipsis, *dst)] += cols[(Ellipsis, *kk, *src)]
+
+
+def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dilations,
+              pb, pe, out_shape, *, pad_value=0, path: str | None = None) -> tuple[np.ndarray, str]:
+    """Grouped N-D convolution in ``x``'s dtype (already the compute dtype).
+
+    Args:
+        x: ``(N, C, *spatial)``.
+        wpack: ``(G, M/G, C/G * prod(kernel))``, the GEMM layout of the weight.
+        out_shape: output spatial shape (from :func:`conv_geometry`).
+
+    Returns:
+        ``(y, path)`` with ``y`` ``(N, M, *out_shape)`` and the chosen path:
+        ``"1x1"`` (plain GEMM), ``"depthwise"`` (one multiply-add per kernel tap)
+        or ``"im2col"`` (one GEMM per group over a patch matrix).
+    """
+    n, c = x.shape[:2]
+    g, mg, ck = wpack.shape
+    cg = c // group
+    K = math.prod(kernel)
+    P = math.prod(out_shape)
+    if path is None:
+        if K == 1 and not any(pb) and not any(pe):
+            path = "1x1"
+        elif cg == 1 and group > 1:
+            path = "depthwise"
+        else:
+            path = "im2col"
+    if path == "1x1":
+        xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
+        y = np.matmul(wpack, xs.reshape(n, g, cg, P))
+        return y.reshape(n, g * mg, *out_shape), path
+    xp = pad_spatial(x, pb, pe, pad_value)
+    if path == "depthwise":
+        w = wpack.reshape(g, mg, K)
+        acc = np.zeros((n, g, mg, *out_shape), dtype=x.dtype)
+        bshape = (g, mg) + (1,) * len(out_shape)
+        for _, t, sl in tap_slices(kernel, out_shape, strides, dilations):
+            acc += xp[(slice(None), slice(None), *sl)][:, :, None] * w[:, :, t].reshape(bshape)
+        return acc.reshape(n, g * mg, *out_shape), path
+    view = sliding_view(xp, out_shape, kernel, strides, dilations)  # (N, C, *k, *out)
+    y = np.empty((n, g, mg, P), dtype=x.dtype)
+    # bound the patch matrix to ~64 MB per chunk of images
+    per_image = c * K * P * x.dtype.itemsize
+    step = max(1, (64 << 20) // max(per_image, 1))
+    for n0 in range(0, n, step):
+        cols = view[n0:n0 + step].reshape(-1, g, cg * K, P)
+        np.matmul(wpack, cols, out=y[n0:n0 + step])
+    return y.reshape(n, g * mg, *out_shape), path
+
+
+def reflect(x: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:
+    """Reflect coordinates into ``[lo, hi]`` by the nearer border, repeatedly
+    (GridSample's reflection padding)."""
+    rng = hi - lo
+    below = x < lo
+    above = x > hi
+    dx = np.where(below, lo - x, x - hi)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(rng > 0, np.trunc(dx / np.where(rng > 0, rng, 1)), 0)
+    r = dx - k * rng
+    even = (k % 2) == 0
+    res = np.where(below, np.where(even, lo + r, hi - r), np.where(even, hi - r, lo + r))
+    return np.where(below | above, res, x)

@@ -1,0 +1,404 @@
+"""Convolutions: Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv,
+CausalConvWithState and Col2Im (ONNX spec, every since-version up to opset 28).
+
+Layout ``(N, C, D1, ..., Dn)``; weights ``(M, C/group, k1, ..., kn)`` (Conv) or
+``(C, M/group, k1, ..., kn)`` (ConvTranspose). Float16/bfloat16 accumulate in
+float32; the integer convolutions accumulate exactly in float64 GEMMs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ... import tracing
+from .._contract import Kernel, NodeSpec, require
+from ._conv_util import (compute_dtype, conv_core, conv_geometry, decode_str, scatter_taps,
+                         spatial_params)
+from .registry import cpu_kernel
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def _check_conv_attrs(node: NodeSpec) -> None:
+    auto_pad = decode_str(node.attr("auto_pad"), "NOTSET")
+    require(auto_pad in _AUTO_PADS, "%s: unknown auto_pad %r", node.op_type, auto_pad)
+    require(int(node.attr("group", 1)) >= 1, "%s: group must be >= 1", node.op_type)
+    vt = node.input_type(0)
+    require(vt is None or vt.rank is None or vt.rank >= 3,
+            "%s needs an input of rank >= 3 (N, C, D1...), got rank %s", node.op_type,
+            None if vt is None else vt.rank)
+
+
+def _geometry(node: NodeSpec, x_shape, w_shape):
+    """(kernel, strides, dilations, out_shape, pads_begin, pads_end) of a Conv-like node."""
+    nd = len(x_shape) - 2
+    kernel = node.attr("kernel_shape") or w_shape[2:]
+    kernel, strides, dil, pb, pe = spatial_params(nd, kernel, node.attr("strides"),
+                                                  node.attr("dilations"), node.attr("pads"))
+    auto_pad = decode_str(node.attr("auto_pad"), "NOTSET")
+    out, pb, pe = conv_geometry(x_shape[2:], kernel, strides, dil, pb, pe, auto_pad)
+    return kernel, strides, dil, out, pb, pe
+
+
+def _pack(w: np.ndarray, group: int, dtype: np.dtype) -> np.ndarray:
+    """Conv weight ``(M, C/g, *k)`` -> GEMM layout ``(g, M/g, C/g * prod(k))``."""
+    m = w.shape[0]
+    if m % group:
+        raise ValueError(f"weight has {m} output channels, not divisible by group={group}")
+    return np.ascontiguousarray(w.reshape(group, m // group, -1), dtype=dtype)
+
+
+def _conv_flops(node: NodeSpec) -> float:
+    wt, yt = node.input_type(1), node.output_types[0] if node.output_types else None
+    if wt is None or yt is None or wt.static_shape is None or yt.static_shape is None:
+        return Kernel.estimate_flops(node)
+    return 2.0 * math.prod(yt.static_shape) * math.prod(wt.static_shape[1:])
+
+
+def _finish(y: np.ndarray, b, out_dtype) -> np.ndarray:
+    if b is not None:
+        y += np.asarray(b, dtype=y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
+    return y.astype(out_dtype, copy=False)
+
+
+@cpu_kernel("Conv", since=(1, 11, 22))
+class Conv(Kernel):
+    """ONNX Conv (opsets 1, 11, 22): X (N, C, *D), W (M, C/group, *k), B (M,) ->
+    Y (N, M, *out). A constant W is prepacked once into ``(group, M/group, C/group*K)``."""
+
+    _wpack = None
+
+    @classmethod
+    def check(cls, node):
+        _check_conv_attrs(node)
+
+    @classmethod
+    def estimate_flops(cls, node):
+        return _conv_flops(node)
+
+    def prepare(self, constants, shared):
+        w = constants.get(1)
+        if w is not None:
+            if "wpack" not in shared:
+                shared["wpack"] = _pack(w, int(self.node.attr("group", 1)),
+                                        compute_dtype(w.dtype))
+            self._wpack = shared["wpack"]
+
+    def run(self, x, w, b=None):
+        group = int(self.node.attr("group", 1))
+        cd = compute_dtype(x.dtype)
+        if x.shape[1] != w.shape[1] * group:
+            raise ValueError(f"input has {x.shape[1]} channels, weight {w.shape} with "
+                             f"group={group} expects {w.shape[1] * group}")
+        kernel, strides, dil, out, pb, pe = _geometry(self.node, x.shape, w.shape)
+        wpack = self._wpack if self._wpack is not None else _pack(w, group, cd)
+        y, path = conv_core(x.astype(cd, copy=False), wpack, group, kernel, strides, dil,
+                            pb, pe, out)
+        tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
+        return _finish(y, b, x.dtype)
+
+
+@cpu_kernel("ConvTranspose", since=(1, 11, 22))
+class ConvTranspose(Kernel):
+    """ONNX ConvTranspose (opsets 1, 11, 22): X (N, C, *D), W (C, M/group, *k), B (M,)
+    -> Y (N, M, *out); output_shape / output_padding / auto_pad as the spec.
+    One GEMM per group then a col2im scatter per kernel tap."""
+
+    _wpack = None
+
+    @classmethod
+    def check(cls, node):
+        _check_conv_attrs(node)
+
+    @classmethod
+    def estimate_flops(cls, node):
+        xt, wt = node.input_type(0), node.input_type(1)
+        if xt is None or wt is None or xt.static_shape is None or wt.static_shape is None:
+            return Kernel.estimate_flops(node)
+        return 2.0 * math.prod(xt.static_shape) * math.prod(wt.static_shape[1:])
+
+    @staticmethod
+    def _pack(w, group, dtype):
+        c = w.shape[0]
+        if c % group:
+            raise ValueError(f"weight has {c} input channels, not divisible by group={group}")
+        wg = w.reshape(group, c // group, -1)  # (G, Cg, Mg*K)
+        return np.ascontiguousarray(wg.transpose(0, 2, 1), dtype=dtype)
+
+    def prepare(self, constants, shared):
+        w = constants.get(1)
+        if w is not None:
+            if "wpack" not in shared:
+                shared["wpack"] = self._pack(w, int(self.node.attr("group", 1)),
+                                             compute_dtype(w.dtype))
+            self._wpack = shared["wpack"]
+
+    def _shape(self, x_shape, w_shape):
+        node = self.node
+        nd = len(x_shape) - 2
+        kernel = node.attr("kernel_shape") or w_shape[2:]
+        kernel, strides, dil, pb, pe = spatial_params(nd, kernel, node.attr("strides"),
+                                                      node.attr("dilations"), node.attr("pads"))
+        opad = tuple(node.attr("output_padding") or (0,) * nd)[-nd:]
+        auto_pad = decode_str(node.attr("auto_pad"), "NOTSET")
+        in_sp = x_shape[2:]
+        natural = [strides[i] * (in_sp[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1
+                   for i in range(nd)]
+        out_shape = node.attr("output_shape")
+        if out_shape:
+            out = tuple(int(v) for v in out_shape)[-nd:]
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = tuple(in_sp[i] * strides[i] for i in range(nd))
+        else:
+            if auto_pad == "VALID":
+                pb = pe = (0,) * nd
+            return kernel, strides, dil, pb, tuple(natural[i] - pb[i] - pe[i] for i in range(nd))
+        total = [natural[i] - out[i] for i in range(nd)]
+        if auto_pad == "SAME_UPPER":
+            pb = tuple(t // 2 for t in total)
+        else:
+            pb = tuple(t - t // 2 for t in total)
+        return kernel, strides, dil, pb, out
+
+    def run(self, x, w, b=None):
+        group = int(self.node.attr("group", 1))
+        cd = compute_dtype(x.dtype)
+        n, c = x.shape[:2]
+        if c != w.shape[0]:
+            raise ValueError(f"input has {c} channels, weight {w.shape} expects {w.shape[0]}")
+        kernel, strides, dil, pb, out = self._shape(x.shape, w.shape)
+        if min(out) < 1:
+            raise ValueError(f"ConvTranspose output shape {out} is empty")
+        wpack = self._wpack if self._wpack is not None else self._pack(w, group, cd)
+        m = w.shape[1] * group
+        in_sp = x.shape[2:]
+        xg = x.astype(cd, copy=False).reshape(n, group, c // group, -1)
+        cols = np.matmul(wpack, xg)  # (N, G, Mg*K, P_in)
+        cols = cols.reshape(n, m, *kernel, *in_sp)
+        y = np.zeros((n, m, *out), dtype=cd)
+        scatter_taps(cols, y, kernel, in_sp, strides, dil, pb)
+        tracing.kernel_variant("conv", "gemm+col2im", "group=%d kernel=%s", group, kernel)
+        return _finish(y, b, x.dtype)
+
+
+def _int_conv(node: NodeSpec, x, xzp, wpack, w_shape, group):
+    """Integer convolution of ``x - xzp`` with a prepacked ``w - wzp``, exact in
+    float64 (returns float64 holding integers)."""
+    xf = x.astype(np.float64)
+    if xzp is not None:
+        xf -= np.asarray(xzp, dtype=np.float64)
+    kernel, strides, dil, out, pb, pe = _geometry(node, x.shape, w_shape)
+    y, path = conv_core(xf, wpack, group, kernel, strides, dil, pb, pe, out)
+    tracing.kernel_variant("conv", path, "integer conv group=%d kernel=%s", group, kernel)
+    return y
+
+
+def _pack_int(w, wzp, group):
+    wf = w.astype(np.float64)
+    if wzp is not None:
+        wzp = np.asarray(wzp, dtype=np.float64)
+        if wzp.ndim == 1 and wzp.size == w.shape[0] and wzp.size > 1:
+            wzp = wzp.reshape((-1,) + (1,) * (w.ndim - 1))
+        wf -= wzp
+    return _pack(wf, group, np.float64)
+
+
+class _IntConvBase(Kernel):
+    _wpack = None
+    _w_index = 1
+    _wzp_index = 3
+
+    @classmethod
+    def check(cls, node):
+        _check_conv_attrs(node)
+
+    @classmethod
+    def estimate_flops(cls, node):
+        return _conv_flops(node)
+
+    def prepare(self, constants, shared):
+        w = constants.get(self._w_index)
+        has_zp = self.node.has_input(self._wzp_index)
+        if w is not None and (not has_zp or self._wzp_index in constants):
+            if "wpack" not in shared:
+                shared["wpack"] = _pack_int(w, constants.get(self._wzp_index),
+                                            int(self.node.attr("group", 1)))
+            self._wpack = shared["wpack"]
+
+    def _weights(self, w, wzp, group):
+        return self._wpack if self._wpack is not None else _pack_int(w, wzp, group)
+
+
+@cpu_kernel("ConvInteger", since=10)
+class ConvInteger(_IntConvBase):
+    """ONNX ConvInteger (opset 10): x, w (u)int8 with zero points -> int32 (N, M, *out)."""
+
+    _w_index, _wzp_index = 1, 3
+
+    def run(self, x, w, x_zero_point=None, w_zero_point=None):
+        group = int(self.node.attr("group", 1))
+        y = _int_conv(self.node, x, x_zero_point, self._weights(w, w_zero_point, group),
+                      w.shape, group)
+        return np.rint(y).astype(np.int32)
+
+
+@cpu_kernel("QLinearConv", since=10)
+class QLinearConv(_IntConvBase):
+    """ONNX QLinearConv (opset 10): quantized (u)int8 conv, per-tensor or per-output-channel
+    w_scale / w_zero_point, int32 bias; output dtype of y_zero_point."""
+
+    _w_index, _wzp_index = 3, 5
+
+    def run(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+            y_zero_point=None, B=None):
+        group = int(self.node.attr("group", 1))
+        acc = _int_conv(self.node, x, x_zero_point, self._weights(w, w_zero_point, group),
+                        w.shape, group)
+        if B is not None:
+            acc += np.asarray(B, dtype=np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
+        ws = np.asarray(w_scale, dtype=np.float32)
+        mult = (np.asarray(x_scale, dtype=np.float32) * ws / np.asarray(y_scale, np.float32))
+        if mult.size > 1:
+            mult = mult.reshape((1, -1) + (1,) * (acc.ndim - 2))
+        r = acc * mult.astype(np.float64)
+        out_dtype = np.dtype(y_zero_point.dtype if y_zero_point is not None else x.dtype)
+        if y_zero_point is not None:
+            r += np.asarray(y_zero_point, dtype=np.float64)
+        info = np.iinfo(out_dtype)
+        return np.clip(np.rint(r), info.min, info.max).astype(out_dtype)
+
+
+@cpu_kernel("DeformConv", since=(19, 22))
+class DeformConv(Kernel):
+    """ONNX DeformConv (opsets 19, 22): X (N, C, *D), W (M, C/group, *k), offset
+    (N, offset_group*K*n, *out), B (M,), mask (N, offset_group*K, *out) -> Y (N, M, *out).
+    Multilinear sampling with zeros outside, then one GEMM per group."""
+
+    _wpack = None
+
+    @classmethod
+    def check(cls, node):
+        require(int(node.attr("group", 1)) >= 1, "DeformConv: group must be >= 1")
+        require(int(node.attr("offset_group", 1)) >= 1, "DeformConv: offset_group must be >= 1")
+
+    @classmethod
+    def estimate_flops(cls, node):
+        return _conv_flops(node)
+
+    def prepare(self, constants, shared):
+        w = constants.get(1)
+        if w is not None:
+            if "wpack" not in shared:
+                shared["wpack"] = _pack(w, int(self.node.attr("group", 1)),
+                                        compute_dtype(w.dtype))
+            self._wpack = shared["wpack"]
+
+    def run(self, x, w, offset, B=None, mask=None):
+        node = self.node
+        group = int(node.attr("group", 1))
+        og = int(node.attr("offset_group", 1))
+        cd = compute_dtype(x.dtype)
+        n, c = x.shape[:2]
+        sp = x.shape[2:]
+        nd = len(sp)
+        kernel = node.attr("kernel_shape") or w.shape[2:]
+        kernel, strides, dil, pb, pe = spatial_params(nd, kernel, node.attr("strides"),
+                                                      node.attr("dilations"), node.attr("pads"))
+        out, pb, pe = conv_geometry(sp, kernel, strides, dil, pb, pe)
+        K, P, S = math.prod(kernel), math.prod(out), math.prod(sp)
+        if c % og or c != w.shape[1] * group:
+            raise ValueError(f"DeformConv: {c} input channels do not fit weight {w.shape}, "
+                             f"group={group}, offset_group={og}")
+        if offset.shape != (n, og * K * nd, *out):
+            raise ValueError(f"DeformConv: offset shape {offset.shape}, expected "
+                             f"{(n, og * K * nd, *out)}")
+        off = offset.astype(cd, copy=False).reshape(n, og, K, nd, P)
+        msk = None if mask is None else mask.astype(cd, copy=False).reshape(n, og, K, P)
+        xg = x.astype(cd, copy=False).reshape(n, og, c // og, S)
+        base = [g.ravel() for g in np.meshgrid(
+            *(np.arange(out[i], dtype=cd) * strides[i] - pb[i] for i in range(nd)),
+            indexing="ij")]
+        cols = np.empty((n, og, c // og, K, P), dtype=cd)
+        for t, kk in enumerate(itertools.product(*(range(k) for k in kernel))):
+            coords = [base[d] + kk[d] * dil[d] + off[:, :, t, d, :] for d in range(nd)]
+            floors = [np.floor(cc) for cc in coords]
+            acc = np.zeros((n, og, c // og, P), dtype=cd)
+            for corner in itertools.product((0, 1), repeat=nd):
+                wgt = np.ones((n, og, P), dtype=cd)
+                flat = np.zeros((n, og, P), dtype=np.intp)
+                for d in range(nd):
+                    idx = floors[d] + corner[d]
+                    wgt *= (1 - np.abs(coords[d] - idx)) * ((idx >= 0) & (idx < sp[d]))
+                    flat = flat * sp[d] + np.clip(idx, 0, sp[d] - 1).astype(np.intp)
+                vals = np.take_along_axis(xg, flat[:, :, None, :], axis=3)
+                acc += vals * wgt[:, :, None, :]
+            if msk is not None:
+                acc *= msk[:, :, None, t, :]
+            cols[:, :, :, t, :] = acc
+        wpack = self._wpack if self._wpack is not None else _pack(w, group, cd)
+        y = np.matmul(wpack, cols.reshape(n, group, -1, P))
+        tracing.kernel_variant("conv", "deform-im2col", "offset_group=%d", og)
+        return _finish(y.reshape(n, -1, *out), B, x.dtype)
+
+
+@cpu_kernel("CausalConvWithState", since=27)
+class CausalConvWithState(Kernel):
+    """ONNX CausalConvWithState (opset 27): input (B, C, L), weight (C, 1, k), bias (C,),
+    past_state (B, C, k-1) -> output (B, C, L), present_state (B, C, k-1); causal
+    depthwise conv with optional fused SiLU/Swish."""
+
+    multi_output = True
+
+    @classmethod
+    def check(cls, node):
+        act = decode_str(node.attr("activation"), "none")
+        require(act in ("none", "silu", "swish"),
+                "CausalConvWithState: unknown activation %r (expected none, silu or swish)", act)
+
+    def run(self, x, weight, bias=None, past_state=None):
+        if x.ndim != 3 or weight.ndim != 3 or weight.shape[1] != 1:
+            raise ValueError(f"CausalConvWithState expects input (B, C, L) and weight "
+                             f"(C, 1, k), got {x.shape} and {weight.shape}")
+        b, c, length = x.shape
+        k = weight.shape[2]
+        if past_state is None:
+            past_state = np.zeros((b, c, k - 1), dtype=x.dtype)
+        elif past_state.shape != (b, c, k - 1):
+            raise ValueError(f"past_state shape {past_state.shape}, expected {(b, c, k - 1)}")
+        padded = np.concatenate([past_state, x], axis=2)
+        cd = compute_dtype(x.dtype)
+        pf = padded.astype(cd, copy=False)
+        wf = weight.astype(cd, copy=False)[:, 0, :]
+        y = np.zeros((b, c, length), dtype=cd)
+        for t in range(k):
+            y += pf[:, :, t:t + length] * wf[:, t, None]
+        if bias is not None:
+            y += bias.astype(cd)[:, None]
+        if decode_str(self.node.attr("activation"), "none") in ("silu", "swish"):
+            y = y / (1 + np.exp(-y))
+        tracing.kernel_variant("conv", "causal-depthwise", "k=%d", k)
+        return y.astype(x.dtype, copy=False), np.ascontiguousarray(padded[:, :, length:])
+
+
+@cpu_kernel("Col2Im", since=18)
+def Col2Im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    """ONNX Col2Im (opset 18): input (N, C*prod(block), L) -> (N, C, *image_shape),
+    overlapping blocks summed."""
+    img = tuple(int(v) for v in np.asarray(image_shape).ravel())
+    kernel = tuple(int(v) for v in np.asarray(block_shape).ravel())
+    nd = len(img)
+    kernel, strides, dil, pb, pe = spatial_params(nd, kernel, strides, dilations, pads)
+    blocks, _, _ = conv_geometry(img, kernel, strides, dil, pb, pe)
+    n, ck, L = input.shape
+    K = math.prod(kernel)
+    if ck % K or L != math.prod(blocks):
+        raise ValueError(f"Col2Im: input {input.shape} does not fit image {img}, blocks "
+                         f"{kernel} ({math.prod(blocks)} block positions)")
+    dt = input.dtype if input.dtype.kind in "iub" else compute_dtype(input.dtype)
+    cols = input.astype(dt, copy=False).reshape(n, ck // K, *kernel, *blocks)
+    y = np.zeros((n, ck // K, *img), dtype=dt)
+    scatter_taps(cols, y, kernel, blocks, strides, dil, pb)
+    return y.astype(input.dtype, copy=False)

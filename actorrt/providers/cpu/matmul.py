@@ -1,0 +1,226 @@
+"""Matrix products (BLAS through numpy).
+
+Spec: ONNX MatMul (1, 9, 13), Gemm (1, 6, 7, 9, 11, 13), MatMulInteger (10),
+QLinearMatMul (10, 21), Einsum (12, 28), Det (11, 22).
+
+float32 / float64 products go straight to ``np.matmul`` (BLAS sgemm / dgemm).
+float16 / bfloat16 multiply in float32 (numpy has no half-precision BLAS) and
+round back; MatMulInteger / QLinearMatMul run in float64 BLAS, exact for 8-bit
+operands up to ``K ~ 1e11``; integer Gemm uses numpy's exact integer matmul.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ... import _dtypes
+from .._contract import Kernel, NodeSpec
+from ._reduce_util import LOW_PRECISION_FLOATS, upcast
+from .registry import cpu_kernel
+
+_BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+
+def _input_rank(node: NodeSpec, i: int) -> int | None:
+    t = node.input_type(i)
+    return None if t is None else t.rank
+
+
+def _input_dtype(node: NodeSpec, i: int) -> np.dtype | None:
+    t = node.input_type(i)
+    if t is None or not t.dtype:
+        return None
+    return _dtypes.to_numpy_dtype(t.dtype)
+
+
+def _compute(x: np.ndarray) -> np.ndarray:
+    """``x`` in the dtype Gemm multiplies in: float32 for half floats, else
+    unchanged (integers multiply exactly, with numpy's wrap-around)."""
+    return upcast(x)
+
+
+def _matmul_any(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for any dtype and rank, in the input dtype, always an ndarray."""
+    if a.dtype in LOW_PRECISION_FLOATS:
+        return np.asarray(np.matmul(upcast(a), upcast(b))).astype(a.dtype)
+    return np.asarray(np.matmul(a, b))
+
+
+# -------------------------------------------------------------------------- MatMul
+
+@cpu_kernel("MatMul", since=(1, 9, 13))
+class MatMul(Kernel):
+    """ONNX MatMul (opsets 1, 9, 13): numpy ``matmul`` semantics (batch broadcasting,
+    1-D operands promoted and squeezed)."""
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        out = super().estimate_flops(node)
+        a = node.input_type(0)
+        k = a.shape[-1] if a is not None and a.shape else None
+        return 2.0 * out * (k if isinstance(k, int) and k > 0 else 1)
+
+    def compile(self) -> Callable:
+        ra, rb = _input_rank(self.node, 0), _input_rank(self.node, 1)
+        dt = _input_dtype(self.node, 0)
+        if dt in _BLAS_DTYPES and ra is not None and rb is not None and ra >= 2 and rb >= 2:
+            return np.matmul  # bare BLAS call on the hot path
+        return _matmul_any
+
+    def run(self, a, b):
+        return _matmul_any(a, b)
+
+
+# ---------------------------------------------------------------------------- Gemm
+
+@cpu_kernel("Gemm", since=(1, 6, 7, 9, 11, 13))
+class Gemm(Kernel):
+    """ONNX Gemm (opsets 1-13): ``Y = alpha * A' @ B' + beta * C`` with ``A'`` =
+    ``A.T`` when ``transA`` (``(M, K)``), ``B'`` = ``B.T`` when ``transB`` (``(K, N)``)
+    and ``C`` (optional from opset 11) unidirectionally broadcast to ``(M, N)``.
+
+    A constant ``B`` is packed once as a contiguous ``B'`` (in the compute dtype);
+    a constant ``C`` is pre-scaled by ``beta``."""
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        out = super().estimate_flops(node)
+        a = node.input_type(0)
+        k = None
+        if a is not None and a.shape is not None and len(a.shape) == 2:
+            k = a.shape[0] if node.attr("transA", 0) else a.shape[1]
+        return 2.0 * out * (k if isinstance(k, int) and k > 0 else 1)
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self.alpha = float(node.attr("alpha", 1.0))
+        self.beta = float(node.attr("beta", 1.0))
+        self.trans_a = bool(node.attr("transA", 0))
+        self.trans_b = bool(node.attr("transB", 0))
+        self.packed_b: np.ndarray | None = None
+        self.scaled_c: np.ndarray | None = None
+
+    def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
+        b = constants.get(1)
+        if b is not None:
+            if "packed_b" not in shared:
+                bt = _compute(b)
+                shared["packed_b"] = np.ascontiguousarray(bt.T if self.trans_b else bt)
+            self.packed_b = shared["packed_b"]
+        c = constants.get(2)
+        if c is not None and self.beta != 0:
+            if "scaled_c" not in shared:
+                ca = _compute(c)
+                if self.beta != 1:
+                    ca = ca * (self.beta if ca.dtype.kind in "iu" else ca.dtype.type(self.beta))
+                shared["scaled_c"] = ca
+            self.scaled_c = shared["scaled_c"]
+
+    def run(self, a, b, c=None):
+        out_dtype = a.dtype
+        integer = out_dtype.kind in "iu"
+        aa = _compute(a)
+        if self.trans_a:
+            aa = aa.T
+        if self.packed_b is not None:
+            bb = self.packed_b
+        else:
+            bb = _compute(b)
+            if self.trans_b:
+                bb = bb.T
+        y = np.matmul(aa, bb)
+        if integer:  # rare: exact integer product, float scaling, truncating cast
+            if self.alpha != 1:
+                y = y * self.alpha
+            if self.scaled_c is not None:
+                y = y + self.scaled_c
+            elif c is not None and self.beta != 0:
+                y = y + c * self.beta
+            return y.astype(out_dtype)
+        if self.alpha != 1:
+            y *= y.dtype.type(self.alpha)
+        if self.scaled_c is not None:
+            y += self.scaled_c
+        elif c is not None and self.beta != 0:
+            cc = upcast(c)
+            y += cc if self.beta == 1 else cc * cc.dtype.type(self.beta)
+        return y.astype(out_dtype, copy=False)
+
+
+# ------------------------------------------------------------ integer / quantized
+
+def _zero_point_rows(zp, a: np.ndarray) -> np.ndarray:
+    """A scalar zero point, or a per-row one ``(M,)`` reshaped to ``(M, 1)``."""
+    zp = np.asarray(zp)
+    if zp.ndim >= 1 and zp.size > 1 and a.ndim >= 2:
+        return zp.reshape(-1, 1)
+    return zp.reshape(()) if zp.size == 1 else zp
+
+
+def _centered(x: np.ndarray, zp, rows: bool) -> np.ndarray:
+    """``x - zp`` in float64 (exact for 8/16-bit integers and float8)."""
+    xf = x.astype(np.float64)
+    if zp is None:
+        return xf
+    z = (_zero_point_rows(zp, x) if rows else np.asarray(zp)).astype(np.float64)
+    return xf - z
+
+
+@cpu_kernel("MatMulInteger", since=10)
+def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
+    """ONNX MatMulInteger (opset 10): ``(A - a_zp) @ (B - b_zp)`` as int32; ``a_zp``
+    is scalar or per row of A, ``b_zp`` scalar or per column of B."""
+    y = np.matmul(_centered(A, a_zero_point, True), _centered(B, b_zero_point, False))
+    return np.asarray(y).astype(np.int32)
+
+
+def _saturate_to(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Round and clip ``y`` into integer ``dtype``, or cast (saturating) to a float8."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.clip(np.rint(y), info.min, info.max).astype(dtype)
+    finfo_max = float(np.finfo(dtype).max)
+    return np.clip(y, -finfo_max, finfo_max).astype(dtype)
+
+
+@cpu_kernel("QLinearMatMul", since=(10, 21))
+def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """ONNX QLinearMatMul (opsets 10, 21): ``y = saturate(round((a - a_zp) @ (b - b_zp)
+    * a_scale * b_scale / y_scale) + y_zp)``; scales per tensor or per row (a, y) /
+    per column (b). The output dtype is ``y_zero_point``'s."""
+    acc = np.matmul(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    sa = _zero_point_rows(a_scale, a)
+    sy = _zero_point_rows(y_scale, acc)
+    factor = (sa * np.asarray(b_scale) / sy).astype(np.float64)
+    y = acc * factor
+    out_dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype
+    if out_dtype.kind in "iu":
+        y = np.rint(y)
+    if y_zero_point is not None:
+        y = y + _zero_point_rows(y_zero_point, acc).astype(np.float64)
+    return _saturate_to(np.asarray(y), np.dtype(out_dtype))
+
+
+# ------------------------------------------------------------------- Einsum / Det
+
+@cpu_kernel("Einsum", since=(12, 28))
+def Einsum(*inputs, equation):
+    """ONNX Einsum (opsets 12, 28): numpy ``einsum`` (optimized contraction order)."""
+    eq = equation.decode() if isinstance(equation, bytes) else str(equation)
+    eq = eq.replace(" ", "")
+    dtype = inputs[0].dtype
+    if dtype in LOW_PRECISION_FLOATS:
+        args = [upcast(x) for x in inputs]
+    else:
+        args = list(inputs)
+    out = np.einsum(eq, *args, optimize=len(args) > 1)
+    return np.asarray(out).astype(dtype, copy=False)
+
+
+@cpu_kernel("Det", since=(11, 22))
+def Det(X):
+    """ONNX Det (opsets 11, 22): determinant of ``(..., M, M)`` matrices, shape ``(...)``."""
+    out = np.linalg.det(upcast(X))
+    return np.asarray(out).astype(X.dtype, copy=False)

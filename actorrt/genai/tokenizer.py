@@ -1,0 +1,324 @@
+"""Byte-level BPE tokenizer built from a GGUF's vocabulary, as llama.cpp runs it.
+
+The GGUF holds ``tokenizer.ggml.tokens`` (byte-level strings, GPT-2's
+byte-to-unicode alphabet), ``tokenizer.ggml.merges`` (``"a b"`` by rank),
+``tokenizer.ggml.token_type`` and a pre-tokenizer name. This module turns them
+into a Hugging Face ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) and
+wraps it in :class:`Tokenizer`.
+
+Pre-tokenizers follow llama.cpp's ``llama-vocab.cpp``: regexes applied one after
+the other, each splitting the pieces the previous one left. ``"smollm"`` (and
+starcoder, refact, command-r, codeshell, exaone, minerva) is
+``\\p{N}`` (each digit alone) then GPT-2's
+``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+``.
+
+Special tokens: CONTROL tokens (type 3) are matched in text only with
+``parse_special=True``; USER_DEFINED tokens (type 4) always are, as in
+llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .._errors import ModelLoadError
+
+__all__ = ["Tokenizer", "load_tokenizer", "build_hf_tokenizer", "bytes_to_unicode",
+           "gguf_tokenizer_info", "PRE_TOKENIZER_REGEXES", "EOG_TOKEN_TEXTS"]
+
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+#: llama.cpp pre-tokenizer name -> regexes applied in order (llama-vocab.cpp).
+PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
+    **{name: (r"\p{N}", GPT2_REGEX) for name in
+       ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")},
+    **{name: (GPT2_REGEX,) for name in ("gpt-2", "mpt", "olmo", "jais")},
+}
+
+#: Texts of control tokens llama.cpp treats as end-of-generation besides the EOS id.
+EOG_TOKEN_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                   "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")
+
+_TOKEN_CONTROL = 3
+_TOKEN_USER_DEFINED = 4
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_hf_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
+                       pre: str) -> Any:
+    """Builds a ``tokenizers.Tokenizer`` equivalent to llama.cpp's BPE tokenizer.
+
+    Args:
+        tokens: ``tokenizer.ggml.tokens`` (index = token id).
+        merges: ``tokenizer.ggml.merges`` (``"left right"``, by rank).
+        token_types: ``tokenizer.ggml.token_type`` per token.
+        pre: ``tokenizer.ggml.pre`` (e.g. ``"smollm"``).
+
+    Returns:
+        The ``tokenizers.Tokenizer``.
+
+    Raises:
+        ModelLoadError: unknown pre-tokenizer name or malformed merges.
+    """
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    regexes = PRE_TOKENIZER_REGEXES.get(pre)
+    if regexes is None:
+        raise ModelLoadError(f"unsupported GGUF pre-tokenizer {pre!r} (supported: "
+                             f"{', '.join(sorted(PRE_TOKENIZER_REGEXES))})")
+    try:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+    except ValueError as exc:  # pragma: no cover - split(maxsplit) cannot raise
+        raise ModelLoadError(f"malformed BPE merges: {exc}") from exc
+    if any(len(p) != 2 for p in pairs):
+        raise ModelLoadError("malformed BPE merges: a merge without a space")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes[:-1]]
+    # the last regex is GPT-2's, which ByteLevel applies itself before mapping bytes
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.ByteLevel()
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL]
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, token_types) if ty == _TOKEN_USER_DEFINED]
+    tok.add_special_tokens(control)
+    tok.add_tokens(user)
+    return tok
+
+
+class Tokenizer:
+    """Text <-> token ids for a GGUF-derived model.
+
+    Args:
+        hf_tokenizer: a ``tokenizers.Tokenizer`` (see :func:`build_hf_tokenizer`).
+        eos_token_ids: ids that end generation (the GGUF's EOS first).
+        bos_token_id: the BOS id, or ``None``.
+        chat_template: a Jinja2 chat template, or ``None``.
+        add_bos: whether :meth:`encode` prepends BOS (``tokenizer.ggml.add_bos_token``).
+
+    Use :meth:`from_gguf` or :meth:`from_model_dir` rather than the constructor.
+    """
+
+    def __init__(self, hf_tokenizer: Any, *, eos_token_ids: Iterable[int],
+                 bos_token_id: int | None = None, chat_template: str | None = None,
+                 add_bos: bool = False):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tok = hf_tokenizer
+        # a twin that reads control-token text as plain text (parse_special=False);
+        # two objects rather than toggling one keeps encode() thread-safe
+        self._tok_plain = HFTokenizer.from_str(hf_tokenizer.to_str())
+        self._tok_plain.encode_special_tokens = True
+        self.eos_token_ids: tuple[int, ...] = tuple(int(i) for i in eos_token_ids)
+        self.bos_token_id = bos_token_id
+        self.chat_template = chat_template
+        self.add_bos = add_bos
+        self._template: Any = None
+        self._bytes = self._token_bytes_table()
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, gguf: Any) -> Tokenizer:
+        """Builds the tokenizer from a GGUF file (path or ``GGUFFile``).
+
+        Raises:
+            ModelLoadError: unreadable file, a tokenizer model other than
+                ``"gpt2"`` (byte-level BPE), or an unknown pre-tokenizer.
+        """
+        from ._gguf import GGUFFile, open_gguf
+
+        g = gguf if isinstance(gguf, GGUFFile) else open_gguf(gguf)
+        info = gguf_tokenizer_info(g)
+        hf = build_hf_tokenizer(g.require("tokenizer.ggml.tokens"),
+                                g.require("tokenizer.ggml.merges"), g.token_types(), info["pre"])
+        return cls(hf, eos_token_ids=info["eos_token_ids"], bos_token_id=info["bos_token_id"],
+                   chat_template=info["chat_template"], add_bos=info["add_bos"])
+
+    @classmethod
+    def from_model_dir(cls, folder: str | Path) -> Tokenizer:
+        """Loads ``tokenizer.json`` + ``genai_config.json`` from a prepared model folder.
+
+        Raises:
+            ModelLoadError: a file is missing or unreadable.
+        """
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = Path(folder)
+        try:
+            cfg = json.loads((folder / "genai_config.json").read_text("utf-8"))
+            hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # OSError, JSON errors, tokenizers parse errors
+            raise ModelLoadError(f"cannot load the tokenizer from {folder}: {exc}",
+                                 model=str(folder)) from exc
+        tk = cfg.get("tokenizer", {})
+        return cls(hf, eos_token_ids=cfg["eos_token_ids"], bos_token_id=cfg.get("bos_token_id"),
+                   chat_template=cfg.get("chat_template"), add_bos=tk.get("add_bos", False))
+
+    def save(self, path: str | Path) -> None:
+        """Writes the ``tokenizers`` JSON (``tokenizer.json``)."""
+        self._tok.save(str(path))
+
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    # -- encode / decode ----------------------------------------------------
+    def encode(self, text: str, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text`` (BOS prepended only if the GGUF asks for it).
+
+        Args:
+            text: the text.
+            parse_special: match control-token text such as ``<|im_start|>`` as
+                the special token; when ``False`` it is tokenized as plain text.
+        """
+        tok = self._tok if parse_special else self._tok_plain
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD.
+
+        Args:
+            ids: token ids.
+            skip_special_tokens: drop control tokens instead of writing their text.
+        """
+        data = b"".join(self._bytes[i] for i in ids
+                        if not (skip_special_tokens and self._is_control[i]))
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 sequence).
+
+        Raises:
+            IndexError: ``token_id`` is outside the vocabulary.
+        """
+        if not 0 <= token_id < len(self._bytes):
+            raise IndexError(f"token id {token_id} outside the vocabulary "
+                             f"(0..{len(self._bytes) - 1})")
+        return self._bytes[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether ``token_id`` is a control token (``<|im_end|>``...)."""
+        return bool(self._is_control[token_id])
+
+    def _token_bytes_table(self) -> list[bytes]:
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        table: list[bytes] = [b""] * (max(vocab.values()) + 1)
+        for text, i in vocab.items():
+            if text in added:
+                table[i] = text.encode("utf-8")
+            else:
+                try:
+                    table[i] = bytes(byte_of[c] for c in text)
+                except KeyError:  # not byte-level text: keep it as UTF-8
+                    table[i] = text.encode("utf-8")
+        self._is_control = [False] * len(table)
+        for i in special:
+            self._is_control[i] = True
+        return table
+
+    # -- chat ---------------------------------------------------------------
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
+                            add_generation_prompt: bool = True, **extra: Any) -> str:
+        """Renders ``messages`` (``{"role", "content"}`` dicts) with the GGUF's template.
+
+        Rendered like ``transformers`` does: a sandboxed Jinja2 environment with
+        ``trim_blocks`` and ``lstrip_blocks``, ``bos_token`` / ``eos_token`` and
+        ``raise_exception`` available.
+
+        Raises:
+            ModelLoadError: the model has no chat template.
+            ValueError: the template raised (e.g. an unsupported role order).
+        """
+        if not self.chat_template:
+            raise ModelLoadError("this model has no chat template")
+        if self._template is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message: str) -> None:
+                raise ValueError(message)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False,
+                                                                        indent=indent)
+            self._template = env.from_string(self.chat_template)
+        eos = self.eos_token_ids[0] if self.eos_token_ids else None
+        return self._template.render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            bos_token=self.decode([self.bos_token_id]) if self.bos_token_id is not None else "",
+            eos_token=self.decode([eos]) if eos is not None else "", **extra)
+
+
+def gguf_tokenizer_info(g: Any) -> dict[str, Any]:
+    """Tokenizer settings of a GGUF: ``pre``, ``eos_token_ids``, ``bos_token_id``,
+    ``add_bos``, ``chat_template``.
+
+    ``eos_token_ids`` is the GGUF's EOS id followed by the other control tokens
+    llama.cpp also treats as end-of-generation (:data:`EOG_TOKEN_TEXTS`).
+
+    Raises:
+        ModelLoadError: the tokenizer model is not ``"gpt2"`` (byte-level BPE).
+    """
+    model = g.require("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelLoadError(f"unsupported GGUF tokenizer model {model!r} (only byte-level "
+                             f"BPE, 'gpt2', is supported)", model=str(g.path))
+    tokens = g.require("tokenizer.ggml.tokens")
+    types = g.token_types()
+    eos = g.get("tokenizer.ggml.eos_token_id")
+    eos_ids = [] if eos is None else [int(eos)]
+    eot = g.get("tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos_ids:
+        eos_ids.append(int(eot))
+    for i, text in enumerate(tokens):
+        if types[i] == _TOKEN_CONTROL and text in EOG_TOKEN_TEXTS and i not in eos_ids:
+            eos_ids.append(i)
+    bos = g.get("tokenizer.ggml.bos_token_id")
+    return {
+        "pre": g.get("tokenizer.ggml.pre", "gpt-2"),
+        "eos_token_ids": eos_ids,
+        "bos_token_id": None if bos is None else int(bos),
+        "add_bos": bool(g.get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": g.get("tokenizer.chat_template"),
+    }
+
+
+def load_tokenizer(folder: str | Path) -> Tokenizer:
+    """The tokenizer of a prepared model folder (see :meth:`Tokenizer.from_model_dir`).
+
+    Raises:
+        ModelLoadError: ``tokenizer.json`` or ``genai_config.json`` missing or unreadable.
+    """
+    return Tokenizer.from_model_dir(folder)

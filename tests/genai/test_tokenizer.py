@@ -1,0 +1,183 @@
+"""GGUF tokenizer: llama.cpp's own token ids (shared cases), an independent
+regex + BPE oracle under hypothesis, round trips, chat template."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+regex = pytest.importorskip("regex")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from actorrt._errors import ModelLoadError  # noqa: E402
+from actorrt.genai._gguf import open_gguf  # noqa: E402
+from actorrt.genai.models import model_home, prepare_model  # noqa: E402
+from actorrt.genai.tokenizer import Tokenizer  # noqa: E402
+
+CASES_FILE = Path(__file__).resolve().parents[3] / "shared" / "cases" / "tokenizer-smollm2.json"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    try:
+        return prepare_model("smollm2", progress=False)
+    except ModelLoadError as exc:  # offline: nothing to test against
+        pytest.skip(f"SmolLM2 unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def gguf_path(folder) -> Path:
+    return model_home() / "downloads" / GGUF_NAME
+
+
+@pytest.fixture(scope="module")
+def tok(folder) -> Tokenizer:
+    return Tokenizer.from_model_dir(folder)
+
+
+def _cases() -> list[dict]:
+    if not CASES_FILE.is_file():
+        return []
+    return json.loads(CASES_FILE.read_text("utf-8"))["cases"]
+
+
+CASES = _cases()
+
+
+@pytest.mark.skipif(not CASES, reason=f"{CASES_FILE} not found")
+@pytest.mark.parametrize("case", CASES, ids=[c["text"][:24] for c in CASES])
+def test_llama_cpp_cases(tok, case):
+    assert tok.encode(case["text"], parse_special=case["parse_special_tokens"]) == case["ids"]
+    assert tok.decode(case["ids"]) == case["text"]
+
+
+def test_from_gguf_equals_saved_tokenizer(tok, gguf_path):
+    direct = Tokenizer.from_gguf(gguf_path)
+    for case in CASES:
+        assert direct.encode(case["text"], case["parse_special_tokens"]) == case["ids"]
+    assert direct.eos_token_ids == tok.eos_token_ids == (2, 0)
+    assert direct.bos_token_id == tok.bos_token_id == 1
+    assert direct.chat_template == tok.chat_template
+
+
+def test_special_tokens_are_parsed_only_when_asked(tok):
+    text = "<|im_start|>user<|im_end|>"
+    assert tok.encode(text, parse_special=True) == [1, 4093, 2]
+    plain = tok.encode(text)
+    assert 1 not in plain and 2 not in plain
+    assert tok.decode(plain) == text
+    assert tok.decode([1, 4093, 2], skip_special_tokens=True) == "user"
+    assert tok.is_special(2) and not tok.is_special(4093)
+
+
+def test_token_bytes_stream_utf8(tok):
+    text = "naïve 東京 🚀"
+    ids = tok.encode(text)
+    parts = [tok.token_bytes(i) for i in ids]
+    assert b"".join(parts) == text.encode("utf-8")
+    assert any(not _valid_utf8(p) for p in parts)  # some tokens split a character
+    assert tok.token_bytes(2) == b"<|im_end|>"
+    with pytest.raises(IndexError):
+        tok.token_bytes(49152)
+
+
+def _valid_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_chat_template(tok):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    assert tok.apply_chat_template(msgs) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    sys_msgs = [{"role": "system", "content": "Be brief."}, *msgs]
+    assert tok.apply_chat_template(sys_msgs, add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n")
+    ids = tok.encode(tok.apply_chat_template(msgs), parse_special=True)
+    assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2
+
+
+# --------------------------------------------------------------------------- oracle
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+@lru_cache(maxsize=1)
+def _oracle_tables(path: str):
+    g = open_gguf(path)
+    tokens = g.get("tokenizer.ggml.tokens")
+    ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(g.get("tokenizer.ggml.merges"))}
+    return {t: i for i, t in enumerate(tokens)}, ranks
+
+
+def _byte_chars() -> dict[int, str]:
+    # GPT-2's byte -> unicode table, written out independently of the code under test
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(0x100 + n)
+            n += 1
+    return out
+
+
+BYTE_CHARS = _byte_chars()
+
+
+def oracle_encode(text: str, vocab: dict[str, int], ranks: dict[tuple[str, str], int]) -> list[int]:
+    """llama.cpp's smollm rules: split on each \\p{N} (kept alone), then GPT-2's
+    regex, then byte-level BPE merging the lowest-ranked adjacent pair first."""
+    pieces = [p for p in regex.split(r"(\p{N})", text) if p]
+    ids: list[int] = []
+    for piece in pieces:
+        for word in regex.findall(GPT2, piece):
+            syms = [BYTE_CHARS[b] for b in word.encode("utf-8")]
+            while len(syms) > 1:
+                best = min(range(len(syms) - 1),
+                           key=lambda i: (ranks.get((syms[i], syms[i + 1]), 1 << 60), i))
+                if (syms[best], syms[best + 1]) not in ranks:
+                    break
+                syms[best:best + 2] = [syms[best] + syms[best + 1]]
+            ids.extend(vocab[s] for s in syms)
+    return ids
+
+
+def test_oracle_agrees_with_llama_cpp_cases(gguf_path):
+    vocab, ranks = _oracle_tables(str(gguf_path))
+    for case in CASES:
+        if not case["parse_special_tokens"]:
+            assert oracle_encode(case["text"], vocab, ranks) == case["ids"]
+
+
+_PIECES = st.one_of(
+    st.sampled_from([" ", "  ", "\t", "\n", "\n\n", "\r\n", " \n ", "'s", "'ll", "'RE", "'", "...",
+                     "don't", " the", "3.14", "1,000", "2024-11-29", "東京", "🚀", "👍🏽", "ß", "é",
+                     "Привет", "<|im_start|>", "<|im_end|>", "</s>", "\u00a0", "\u3000"]),
+    st.text(alphabet=st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs", "M")),
+            max_size=6),
+    st.text(alphabet=" \t\n0123456789abcXYZ.,;:!?-_'\"()[]{}", max_size=8),
+)
+TEXTS = st.lists(_PIECES, max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXTS)
+def test_fuzz_encode_matches_oracle_and_round_trips(tok, gguf_path, text):
+    vocab, ranks = _oracle_tables(str(gguf_path))
+    ids = tok.encode(text)
+    assert ids == oracle_encode(text, vocab, ranks)
+    assert tok.decode(ids) == text
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert tok.decode(tok.encode(text, parse_special=True)) == text

@@ -20,7 +20,8 @@ from actorrt.genai._gguf import open_gguf  # noqa: E402
 from actorrt.genai.models import model_home, prepare_model  # noqa: E402
 from actorrt.genai.tokenizer import Tokenizer  # noqa: E402
 
-CASES_FILE = Path(__file__).resolve().parents[3] / "shared" / "cases" / "tokenizer-smollm2.json"
+# copied from shared/cases/tokenizer-smollm2.json (llama.cpp token ids)
+CASES_FILE = Path(__file__).resolve().parent / "data" / "tokenizer-smollm2.json"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -252,6 +252,8 @@ class Plan:
         self.release_counts: dict[int, int] = {}
         self.tracker_release: Any = None  # set when intermediates are accounted
         self.trackers: dict[str, ActivationTracker] = {}
+        #: graph-input slots a kernel may overwrite in place when donated
+        self.donatable: frozenset[int] = frozenset()
         self.tracer = None
         self._input_index = {}
 
@@ -310,8 +312,11 @@ class Plan:
                            node=node.name if node else None)
 
     # ------------------------------------------------------------ feeds
-    def bind_feeds(self, feeds: dict, env: list) -> None:
+    def bind_feeds(self, feeds: dict, env: list, donate: frozenset = frozenset()) -> None:
         """Validate ``feeds`` against the graph inputs and store them in ``env``.
+
+        ``donate`` names inputs whose buffers in-place kernels may overwrite
+        (others are passed read-only to such kernels).
 
         Raises:
             InvalidArgumentError: unknown or missing input, wrong type, dtype, rank
@@ -329,7 +334,11 @@ class Plan:
                     f"unknown input {name!r}", input=name,
                     expected=f"one of {[i.name for i in self.inputs]}", got=repr(name),
                     model=self.model_name)
-            env[spec.slot] = _check_value(spec, value, self.model_name)
+            value = _check_value(spec, value, self.model_name)
+            if spec.slot in self.donatable and name not in donate and isinstance(value, np.ndarray):
+                value = value.view()  # kernels that write in place see it read-only
+                value.flags.writeable = False
+            env[spec.slot] = value
         if len(feeds) != len(self.inputs):
             for spec in self.inputs:
                 if spec.name not in feeds:
@@ -462,6 +471,10 @@ class _Compiler:
         self.place(pending)
         self.instantiate(pending)
         plan.steps = pending
+        input_slots = {i.slot for i in plan.inputs}
+        plan.donatable = frozenset(
+            st.inputs[i] for st in pending for i in st.kernel.inplace.values()
+            if i < len(st.inputs) and st.inputs[i] in input_slots)
         # outputs
         for v in g.outputs:
             vt = value_type_of(v.type, v.shape)
@@ -818,6 +831,14 @@ def _condense(steps, seg_of, step_deps) -> list[int]:
     return [ncomp - 1 - comp[g] for g in seg_of]
 
 
+def _read_only(v: Any) -> Any:
+    """A read-only view, so an in-place kernel cannot overwrite a shared value."""
+    if isinstance(v, np.ndarray) and v.flags.writeable:
+        v = v.view()
+        v.flags.writeable = False
+    return v
+
+
 def _materialise_sized(o: KernelSizedOutput) -> np.ndarray:
     """Check a kernel-sized output's dtype, shape and byte length, then wrap it
     as an array (no copy for a numpy buffer).
@@ -905,7 +926,8 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
     names = plan.slot_names
     const_slots = {slots[n]: v for n, v in consts.items() if n in slots}
     tracer = options.tracer
-    defaults: dict[str, Any] = {"_sized": _materialise_sized, "_contig": np.ascontiguousarray}
+    defaults: dict[str, Any] = {"_sized": _materialise_sized, "_contig": np.ascontiguousarray,
+                                "_ro": _read_only}
     track = options.track_memory
     if track:
         tracker = plan.trackers.setdefault(seg.provider.name, ActivationTracker(seg.provider.memory))
@@ -947,10 +969,14 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
         defaults[kname] = st.fn
         args = []
         strided_ok = st.kernel.accepts_strided
-        for i in st.inputs:
+        inplace_pos = set(st.kernel.inplace.values())
+        input_slots = {spec.slot for spec in plan.inputs}
+        for pos, i in enumerate(st.inputs):
             r = ref(i)
             if not strided_ok and r != "None":
                 r = f"_contig({r})"
+            if pos in inplace_pos and r != "None" and i not in input_slots:
+                r = f"_ro({r})"  # only donated graph inputs may be overwritten
             args.append(r)
         if st.outer:
             args.append("outer={" + ", ".join(f"{n!r}: {ref(sl)}" for n, sl in st.outer) + "}")

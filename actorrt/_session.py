@@ -134,13 +134,18 @@ class Session:
             idx.append(i)
         return idx
 
-    async def run(self, output_names: Sequence[str] | None, feeds: dict[str, Any]) -> list:
+    async def run(self, output_names: Sequence[str] | None, feeds: dict[str, Any], *,
+                  donate: Sequence[str] = ()) -> list:
         """Run the model.
 
         Args:
             output_names: outputs to return, or ``None`` for all in graph order.
             feeds: input name -> numpy array (a list for a sequence input, ``None``
                 for an empty optional).
+            donate: inputs whose buffers kernels that declare in-place outputs
+                may overwrite (e.g. a KV cache with spare capacity that
+                GroupQueryAttention appends to). Inputs bound with an aliased
+                output (:meth:`bind_device`) are donated automatically.
 
         Returns:
             One value per requested output: numpy arrays; lists for ONNX
@@ -158,11 +163,13 @@ class Session:
         plan = self._plan
         indices = self._output_indices(output_names)
         env = plan.new_env()
+        donated = frozenset(donate)
         if self._bindings:
             feeds = dict(feeds)
             for name, b in self._bindings.items():
                 feeds.setdefault(name, b.value())
-        plan.bind_feeds(feeds, env)
+            donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
+        plan.bind_feeds(feeds, env, donated)
         try:
             await execute(plan, env, self._tracer)
         finally:

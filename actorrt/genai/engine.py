@@ -173,6 +173,8 @@ class Engine:
         eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
         self.eos = set([eos] if isinstance(eos, int) else list(eos))
         self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
+        self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
+                          for kv in ("key", "value")]
         self._host = next(p for p in session._providers if p.name == "cpu")
         self._inbox_send, self._inbox = trio.open_memory_channel(math.inf)
         self._waiting: deque[_Request] = deque()
@@ -290,6 +292,9 @@ class Engine:
             self._drain_inbox()
             self._reap()
             self._admit()
+            if not self._decoding and self._batch_kv is not None:
+                self._batch, self._batch_kv = [], None  # last stream left: free its cache
+                self._set_kv_bytes()
             if not self._prefilling and not self._decoding:
                 if self._closed:
                     return
@@ -364,7 +369,8 @@ class Engine:
         return feeds
 
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
-        outs = await self.session.run(None, feeds)
+        # the KV buffers have spare capacity: GroupQueryAttention appends in place
+        outs = await self.session.run(None, feeds, donate=self._kv_names)
         names = [o.name for o in self.session.get_outputs()]
         by = dict(zip(names, outs))
         kv = []
@@ -373,8 +379,8 @@ class Engine:
         return by["logits"], kv
 
     async def _prefill_step(self, req: _Request) -> None:
-        if req.kv is None:
-            req.kv = self._empty_kv(1, 0)
+        if req.kv is None:  # capacity for the whole request: appended in place
+            req.kv = self._empty_kv(1, self._capacity(req))
         start = req.prefilled
         chunk = req.prompt[start:start + self.prefill_chunk]
         ids = np.asarray([chunk], np.int64)
@@ -394,10 +400,14 @@ class Engine:
         if not req.done:
             self._decoding.append(req)
 
+    def _capacity(self, req: _Request) -> int:
+        return min(len(req.prompt) + req.params.max_new_tokens, self.context)
+
     def _rebuild_batch(self) -> None:
-        """Gather the decoding requests' caches into one right-padded buffer."""
+        """Gather the decoding requests' caches into one right-padded buffer with
+        room for every request's remaining tokens."""
         reqs = list(self._decoding)
-        length = max(r.length for r in reqs)
+        length = max(self._capacity(r) for r in reqs)
         new = self._empty_kv(len(reqs), length)
         old_rows = {id(r): b for b, r in enumerate(self._batch)}
         for b, r in enumerate(reqs):
@@ -416,7 +426,7 @@ class Engine:
             self._rebuild_batch()
             self._set_kv_bytes()
         reqs = self._batch
-        length = self._batch_kv[0].shape[2]
+        length = max(r.length for r in reqs)
         ids = np.asarray([[r.pending] for r in reqs], np.int64)
         mask = np.zeros((len(reqs), length + 1), np.int64)
         for b, r in enumerate(reqs):
@@ -430,10 +440,6 @@ class Engine:
             if r.cancelled:
                 continue
             self._emit(r, r.sampler(logits[b, -1], r.prompt + r.generated))
-        # trim padding no request needs any more
-        longest = max(r.length for r in reqs)
-        if longest < self._batch_kv[0].shape[2]:
-            self._batch_kv = [a[:, :, :longest] for a in self._batch_kv]
         self._set_kv_bytes()
 
     def _emit(self, req: _Request, tid: int) -> None:

@@ -22,6 +22,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from ... import tracing
+
 from .._contract import Kernel, NodeSpec, deny, require
 from .registry import cpu_kernel
 
@@ -57,6 +59,9 @@ class GroupQueryAttention(Kernel):
     present_key, present_value)."""
 
     multi_output = True
+    #: present_key/present_value may reuse past_key/past_value when the past
+    #: buffer has room (onnxruntime's shared past/present buffer) and is writable
+    inplace = {1: 3, 2: 4}
 
     @classmethod
     def check(cls, node: NodeSpec) -> None:
@@ -148,15 +153,29 @@ class GroupQueryAttention(Kernel):
             q = _rope(np.array(q, np.float32), cos, sin, self.interleaved)
             k = _rope(np.array(k, np.float32), cos, sin, self.interleaved)
 
-        present_k = np.zeros((bsz, kvh, present_len, d), dt)
-        present_v = np.zeros((bsz, kvh, present_len, d), dt)
-        for b in range(bsz):
-            p = int(past[b])
-            if p:
-                present_k[b, :, :p] = past_key[b, :, :p]
-                present_v[b, :, :p] = past_value[b, :, :p]
-            present_k[b, :, p:p + s] = k[b]
-            present_v[b, :, p:p + s] = v[b]
+        shared = (past_key is not None and past_value is not None and past_len == present_len
+                  and past_key.flags.writeable and past_value.flags.writeable
+                  and past_key.dtype == dt and past_value.dtype == dt
+                  and not np.shares_memory(past_key, past_value))
+        if shared:
+            # donated buffer with room: append the new rows in place, no copy
+            present_k, present_v = past_key, past_value
+            tracing.kernel_variant("kv", "in-place", "past buffer donated with capacity %d",
+                                   past_len)
+            for b in range(bsz):
+                p = int(past[b])
+                present_k[b, :, p:p + s] = k[b]
+                present_v[b, :, p:p + s] = v[b]
+        else:
+            present_k = np.zeros((bsz, kvh, present_len, d), dt)
+            present_v = np.zeros((bsz, kvh, present_len, d), dt)
+            for b in range(bsz):
+                p = int(past[b])
+                if p:
+                    present_k[b, :, :p] = past_key[b, :, :p]
+                    present_v[b, :, :p] = past_value[b, :, :p]
+                present_k[b, :, p:p + s] = k[b]
+                present_v[b, :, p:p + s] = v[b]
 
         alpha = self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d)
         g = h // kvh

@@ -179,45 +179,44 @@ class GroupQueryAttention(Kernel):
 
         alpha = self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d)
         g = h // kvh
-        out = np.zeros((bsz, h, s, d), np.float32)
         sink = None
         if head_sink is not None:
             sink = _f32(head_sink).astype(np.float32).reshape(kvh, g, 1, 1)
         elif self.smooth:
             sink = np.zeros((kvh, g, 1, 1), np.float32)
-        rows = np.arange(s)[:, None]
-        for b in range(bsz):
-            t = int(tot[b])
-            p = int(past[b])
-            kb = present_k[b, :, :t].astype(np.float32, copy=False)  # (KVH, T, D)
-            vb = present_v[b, :, :t].astype(np.float32, copy=False)
-            qb = q[b].reshape(kvh, g * s, d)
-            sc = np.matmul(qb, kb.transpose(0, 2, 1)).reshape(kvh, g, s, t)
-            sc *= np.float32(alpha)
-            if attention_bias is not None:
-                ab = _f32(attention_bias)
-                ab = ab[min(b, ab.shape[0] - 1), :, :, :t]  # (H or 1, S, T)
-                sc += ab.reshape(-1, 1, s, t) if ab.shape[0] == 1 else ab.reshape(kvh, g, s, t)
-            if self.softcap > 0.0:
-                c = np.float32(self.softcap)
-                sc = c * np.tanh(sc / c)
-            if s > 1 or self.window > 0:  # one decode row sees every cached token
-                cols = np.arange(t)[None, :]
-                causal = rows + p + 1  # keys visible to each row: [0, P_b + s]
-                mask = cols < causal
-                if self.window > 0:
-                    mask &= cols >= causal - self.window
-                sc = np.where(mask, sc, np.float32(-np.inf))
-            m = sc.max(axis=-1, keepdims=True)
-            if sink is not None:
-                m = np.maximum(m, sink)
-            if s > 1:  # a padded row past a window may see no key at all
-                m = np.where(np.isfinite(m), m, np.float32(0))
-            e = np.exp(sc - m)
-            den = e.sum(axis=-1, keepdims=True)
-            if sink is not None:
-                den = den + np.exp(sink - m)
-            probs = e / np.where(den > 0, den, 1.0)
-            out[b] = np.matmul(probs.reshape(kvh, g * s, t), vb).reshape(h, s, d)
+        # all batch entries at once, keys padded to the longest entry and masked
+        t_max = int(tot.max())
+        kb = present_k[:, :, :t_max].astype(np.float32, copy=False)  # (B, KVH, T, D)
+        vb = present_v[:, :, :t_max].astype(np.float32, copy=False)
+        qb = q.reshape(bsz, kvh, g * s, d)
+        sc = np.matmul(qb, kb.transpose(0, 1, 3, 2)).reshape(bsz, kvh, g, s, t_max)
+        sc *= np.float32(alpha)
+        if attention_bias is not None:
+            ab = _f32(attention_bias)[..., :t_max]  # (B or 1, H or 1, S, T)
+            ab = np.broadcast_to(ab, (ab.shape[0], ab.shape[1], s, t_max))
+            if ab.shape[1] == 1:
+                sc += ab.reshape(ab.shape[0], 1, 1, s, t_max)
+            else:
+                sc += ab.reshape(ab.shape[0], kvh, g, s, t_max)
+        if self.softcap > 0.0:
+            c = np.float32(self.softcap)
+            sc = c * np.tanh(sc / c)
+        cols = np.arange(t_max)[None, None, :]
+        causal = past[:, None, None] + np.arange(s)[None, :, None] + 1  # (B, S, 1)
+        mask = cols < np.minimum(causal, tot[:, None, None])  # (B, S, T)
+        if self.window > 0:
+            mask &= cols >= causal - self.window
+        if not mask.all():
+            sc = np.where(mask[:, None, None], sc, np.float32(-np.inf))
+        m = sc.max(axis=-1, keepdims=True)
+        if sink is not None:
+            m = np.maximum(m, sink[None])
+        m = np.where(np.isfinite(m), m, np.float32(0))  # a row that sees no key
+        e = np.exp(sc - m)
+        den = e.sum(axis=-1, keepdims=True)
+        if sink is not None:
+            den = den + np.exp(sink[None] - m)
+        probs = e / np.where(den > 0, den, np.float32(1.0))
+        out = np.matmul(probs.reshape(bsz, kvh, g * s, t_max), vb).reshape(bsz, h, s, d)
         y = out.transpose(0, 2, 1, 3).reshape(bsz, s, h * d).astype(dt, copy=False)
         return y, present_k, present_v

@@ -5,9 +5,9 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
 
 * numba present: B is kept as one byte per quantized value (N, n_blocks,
   block_size) uint8 (4- and 2-bit weights unpacked once) next to float32
-  scales and zero points (N, n_blocks); a parallel GEMV reads those bytes for up to
-  :data:`~actorrt.providers.cpu.contrib.GEMV_MAX_ROWS` rows of A, and a prefill
-  GEMM dequantizes tiles of columns into a scratch buffer and calls BLAS.
+  scales and zero points (N, n_blocks); a GEMV reads those bytes for up to
+  :data:`GEMV_MAX_ROWS` rows of A (decode). Bigger batches (prefill, batched
+  decode) use a float32 copy dequantized once on first such use, one BLAS call.
 * numba absent: B is dequantized once to a float32 (N, K) matrix and every call
   is one BLAS product.
 """
@@ -15,6 +15,8 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+import threading
 
 import attrs
 import ml_dtypes
@@ -78,6 +80,8 @@ class PackedNBits:
     zps: np.ndarray | None = None
     w: np.ndarray | None = None
     empty: bool = False
+    #: lazily built float32 (N, K) weight for batched rows (see matmul_nbits_numba)
+    cache: dict = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def n_blocks(self) -> int:
@@ -130,6 +134,24 @@ def _split_blocks(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(m, p.n_blocks, p.block_size)
 
 
+_FLOAT_LOCK = threading.Lock()
+
+
+def _float_weight(p: PackedNBits) -> np.ndarray:
+    """The float32 (N, K) weight, dequantized once on first use by a batch of
+    more than :data:`GEMV_MAX_ROWS` rows (prefill, batched decode) and then
+    shared: a batched step is one BLAS product, never a per-step dequantization."""
+    w = p.cache.get("w")
+    if w is None:
+        with _FLOAT_LOCK:
+            w = p.cache.get("w")
+            if w is None:
+                full = np.empty((p.n, p.n_blocks * p.block_size), np.float32)
+                _nb.dequant_q8(p.q, p.scales, p.zps, 0, full)
+                w = p.cache["w"] = full[:, :p.k]
+    return w
+
+
 def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     """(M, K) float32 @ packed B -> (M, N) float32 with the numba kernels."""
     m = a.shape[0]
@@ -139,14 +161,7 @@ def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
         asum = ab.sum(axis=2)
         _nb.gemv_q8(ab, asum, p.q, p.scales, p.zps, out)
         return out
-    kp = p.n_blocks * p.block_size
-    tile = min(GEMM_TILE_N, p.n)
-    w = np.empty((tile, kp), np.float32)
-    deq = _nb.dequant_q8
-    for n0 in range(0, p.n, tile):
-        t = min(tile, p.n - n0)
-        deq(p.q, p.scales, p.zps, n0, w[:t])
-        np.matmul(a, w[:t, :p.k].T, out=out[:, n0:n0 + t])
+    np.matmul(a, _float_weight(p).T, out=out)
     return out
 
 
@@ -156,9 +171,7 @@ def matmul_nbits_numpy(a: np.ndarray, p: PackedNBits) -> np.ndarray:
 
 
 #: MatMulNBits uses the numba GEMV for at most this many rows of A.
-GEMV_MAX_ROWS = 4
-#: Columns of B dequantized per tile when a GEMM (prefill) runs on numba.
-GEMM_TILE_N = 2048
+GEMV_MAX_ROWS = 2
 
 
 @cpu_kernel("MatMulNBits", domain=MS)

@@ -101,9 +101,13 @@ def LeakyRelu(x, *, alpha=0.01):
 
 
 @cpu_kernel("PRelu", since=(1, 6, 7, 9, 16))
-def PRelu(x, slope):
+def PRelu(x, slope, *, node=None):
     """ONNX PRelu (opsets 1-16): X if X >= 0 else slope * X, slope broadcast
-    unidirectionally to X."""
+    unidirectionally to X. Before opset 7 a 1-D slope of C values is per channel
+    (axis 1), as PRelu-1/6 specify."""
+    if (node is not None and node.opset < 7 and slope.ndim == 1 and x.ndim >= 2
+            and slope.size == x.shape[1] and slope.size != 1):
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
     return np.where(x < 0, x * slope, x)
 
 

@@ -107,8 +107,7 @@ def test_matmulnbits_empty_projection():
 @pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("m", [1, 4, 5, 9])
-def test_numba_matches_numpy(bits, m, monkeypatch):
-    monkeypatch.setattr(cq, "GEMM_TILE_N", 16)  # several tiles on the GEMM path
+def test_numba_matches_numpy(bits, m):
     rng = np.random.default_rng(bits + m)
     k, n, bs = 200, 50, 64
     b, s, zp = quantized(rng, n, k, bits, bs, "packed")

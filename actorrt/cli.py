@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd = bsub.add_parser("decode", help="aggregate decode tok/s at several concurrencies")
     bd.add_argument("--model", default="smollm2")
     bd.add_argument("--concurrency", default="1,2,4,8,16")
-    bd.add_argument("--max-new-tokens", type=int, default=32)
+    bd.add_argument("--max-new-tokens", type=int, default=64)
     bd.set_defaults(func=_cmd_bench)
     return ap
 

@@ -73,7 +73,7 @@ def bench_decode_main(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with open_engine(args.model, max_batch=max(levels)) as engine:
-            params = SamplingParams(max_new_tokens=args.max_new_tokens)
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
             await engine.generate(prompts[0], SamplingParams(max_new_tokens=4))  # warm up
             print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17}")
             for n in levels:

@@ -446,7 +446,7 @@ class Engine:
         now = time.perf_counter()
         req.t_last = now
         self._tokens += 1
-        if tid in self.eos:
+        if tid in self.eos and not req.params.ignore_eos:
             req.generated.append(tid)
             self._finish(req, "stop")
             return

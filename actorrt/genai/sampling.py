@@ -27,6 +27,8 @@ class SamplingParams:
             (llama.cpp / HF rule: positive logits divided, negative multiplied).
         seed: seed of this request's generator (``None``: fresh entropy).
         stop: strings that end generation (not included in the text).
+        ignore_eos: keep generating past end-of-sequence tokens (benchmarks,
+            as llama.cpp's ``--ignore-eos``).
 
     Raises:
         GenerationError: a value out of range (checked on construction).
@@ -40,6 +42,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=lambda s: (s,) if isinstance(s, str) else tuple(s))
+    ignore_eos: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -1,0 +1,110 @@
+"""LLM benchmarks on the default model (SmolLM2-135M, Q4_1 GGUF -> ONNX):
+prompt and decode tok/s for greedy tokens, 2 threads, against onnxruntime on
+the same ONNX file in the same run, and the aggregate decode curve of the
+concurrent engine.
+
+    python benchmarks/bench_genai.py [--new-tokens 128] [--ort-tokens 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import trio
+
+from actorrt.genai import SamplingParams, open_engine, prepare_model
+
+SHORT = ["The capital of France is", "Once upon a time", "The best way to learn is",
+         "In 1969, humans", "Water boils at", "My favourite food is",
+         "The meaning of life is", "Computers are"]
+PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a Celtic "
+          "people called the Parisii settled on an island in the river Seine. The Romans "
+          "conquered the area in 52 BC and built a town they called Lutetia. In the")
+
+
+def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[float, float]:
+    """(prompt tok/s, decode tok/s) of onnxruntime on the same file."""
+    import onnxruntime as ort
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    layers, kvh, hd = (cfg["model"]["num_layers"], cfg["model"]["num_kv_heads"],
+                       cfg["model"]["head_dim"])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(folder / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    past = {f"past_key_values.{i}.{k}": np.zeros((1, kvh, 0, hd), np.float32)
+            for i in range(layers) for k in ("key", "value")}
+    step = np.asarray([ids], np.int64)
+    total = len(ids)
+    t0 = time.perf_counter()
+    t_first = None
+    for n in range(new_tokens + 1):
+        out = sess.run(names, {"input_ids": step, "attention_mask": np.ones((1, total), np.int64),
+                               **past})
+        if t_first is None:
+            t_first = time.perf_counter()
+        nxt = int(np.argmax(out[0][0, -1]))
+        past = {f"past_key_values.{i}.{k}": out[1 + 2 * i + (k == "value")]
+                for i in range(layers) for k in ("key", "value")}
+        step = np.asarray([[nxt]], np.int64)
+        total += 1
+    t_end = time.perf_counter()
+    return len(ids) / (t_first - t0), new_tokens / (t_end - t_first)
+
+
+async def ours(folder, new_tokens: int, levels: list[int]):
+    async with open_engine(folder, max_batch=max(levels)) as engine:
+        params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+        await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
+        single = await engine.generate(PROMPT, params)
+        curve = []
+        for n in levels:
+            p = SamplingParams(max_new_tokens=min(new_tokens, 64), ignore_eos=True)
+            results = [None] * n
+
+            async def one(i):
+                results[i] = await engine.generate(SHORT[i % len(SHORT)], p)
+
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+            el = time.perf_counter() - t0
+            toks = sum(len(r.token_ids) for r in results)
+            curve.append((n, toks / el, sum(r.decode_tokens_per_s for r in results)))
+        return single, len(engine.encode_prompt(PROMPT)), curve
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--ort-tokens", type=int, default=8,
+                    help="onnxruntime is slow on float zero points: time fewer tokens")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    args = ap.parse_args()
+    folder = prepare_model("smollm2")
+    levels = [int(x) for x in args.concurrency.split(",")]
+    single, n_prompt, curve = trio.run(ours, folder, args.new_tokens, levels)
+    from actorrt.genai.tokenizer import load_tokenizer
+    ids = load_tokenizer(folder).encode(PROMPT)
+    ort_prompt, ort_decode = ort_greedy(folder, ids, args.ort_tokens, threads=2)
+    print(f"SmolLM2-135M Q4_1, prompt {n_prompt} tokens, 2 threads")
+    print(f"{'':24} {'prompt tok/s':>13} {'decode tok/s':>13}")
+    print(f"{'actorrt':24} {single.prompt_tokens_per_s:13.1f} {single.decode_tokens_per_s:13.1f}"
+          f"   ({len(single.token_ids)} greedy tokens)")
+    print(f"{'onnxruntime (same file)':24} {ort_prompt:13.1f} {ort_decode:13.1f}"
+          f"   ({args.ort_tokens} greedy tokens)")
+    print(f"{'ratio actorrt/ort':24} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
+          f"{single.decode_tokens_per_s / ort_decode:13.2f}")
+    print("\nconcurrent engine, greedy streams (short prompts, 64 new tokens each):")
+    print(f"{'streams':>8} {'aggregate tok/s':>16} {'sum of decode tok/s':>20}")
+    base = curve[0][1]
+    for n, agg, dec in curve:
+        print(f"{n:>8} {agg:>16.1f} {dec:>20.1f}   x{agg / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()

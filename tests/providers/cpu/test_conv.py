@@ -224,3 +224,38 @@ def test_small_cnn_matches_onnxruntime():
     got = run_actorrt(model, {"x": x})
     assert_close(got, run_onnxruntime(model, {"x": x}), rtol=1e-4, atol=1e-4)
     assert got[0].shape == (2, 4, 3, 3)
+
+
+async def test_constant_conv_weight_is_prepacked_once_for_three_input_shapes():
+    """A prepacked Conv weight is computed once however many input shapes run."""
+    import onnx
+    from onnx import TensorProto as TP, helper, numpy_helper
+
+    import actorrt
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    calls = []
+    kernel_cls = actorrt.providers.cpu.CPU_KERNELS.lookup("", "Conv", 17)
+    orig = kernel_cls.prepare
+
+    def counting(self, constants, shared):
+        calls.append(1)
+        return orig(self, constants, shared)
+
+    kernel_cls.prepare = counting
+    try:
+        async with actorrt.open_session(m) as s:
+            for shape in ((1, 3, 8, 8), (2, 3, 5, 7), (1, 3, 16, 4)):
+                x = rng.standard_normal(shape).astype(np.float32)
+                (y,) = await s.run(None, {"x": x})
+                want = run_onnxruntime(m, {"x": x})[0]
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    finally:
+        kernel_cls.prepare = orig
+    assert calls == [1]

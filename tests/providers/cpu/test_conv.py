@@ -241,7 +241,8 @@ async def test_constant_conv_weight_is_prepacked_once_for_three_input_shapes():
                           [numpy_helper.from_array(w, "w")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     calls = []
-    kernel_cls = actorrt.providers.cpu.CPU_KERNELS.lookup("", "Conv", 17)
+    from actorrt.providers.cpu import CPU_KERNELS
+    kernel_cls = CPU_KERNELS.lookup("", "Conv", 17)
     orig = kernel_cls.prepare
 
     def counting(self, constants, shared):

@@ -831,6 +831,20 @@ def _condense(steps, seg_of, step_deps) -> list[int]:
     return [ncomp - 1 - comp[g] for g in seg_of]
 
 
+def _workspace_fn(step: Step, arena: Any) -> Callable:
+    """``fn(inputs) -> buffers``: the kernel's exact requests for these input
+    shapes, served from the provider's workspace arena."""
+    kernel = step.kernel
+    key = step.node.name
+
+    def workspace(inputs: tuple) -> list:
+        shapes = [getattr(x, "shape", None) for x in inputs]
+        requests = kernel.workspace(shapes)
+        return arena.buffers(key, requests) if requests else []
+
+    return workspace
+
+
 def _read_only(v: Any) -> Any:
     """A read-only view, so an in-place kernel cannot overwrite a shared value."""
     if isinstance(v, np.ndarray) and v.flags.writeable:
@@ -980,6 +994,11 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
             args.append(r)
         if st.outer:
             args.append("outer={" + ", ".join(f"{n!r}: {ref(sl)}" for n, sl in st.outer) + "}")
+        if st.kernel.uses_workspace:
+            # exact scratch for these input shapes, handed over by the executor
+            defaults[f"w{st.index}"] = _workspace_fn(st, seg.provider.workspace)
+            ins_ = ", ".join(ref(i) for i in st.inputs)
+            args.append(f"workspace=w{st.index}(({ins_}{',' if ins_ else ''}))")
         call = f"{kname}({', '.join(args)})"
         outs = [o for o in st.outputs]
         if tracer is not None:

@@ -58,7 +58,7 @@ def mlp(batch: int = 64, width: int = 1024, layers: int = 4) -> onnx.ModelProto:
     nodes, inits = [], []
     prev = "x"
     for i in range(layers):
-        w = rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
         b = rng.standard_normal(width).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
         out = "y" if i == layers - 1 else f"h{i}"

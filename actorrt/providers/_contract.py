@@ -329,6 +329,10 @@ class Kernel:
         kernel_sized_outputs: :meth:`run` returns :class:`KernelSizedOutput` items.
         inplace: ``{output index: input index}`` the output may overwrite.
         wants_outer_scope: :meth:`run` takes ``outer=`` (control flow).
+        uses_workspace: :meth:`run` takes ``workspace=`` — one uint8 buffer per
+            :class:`WorkspaceRequest` that :meth:`workspace` returned for these
+            input shapes, exactly that many bytes, aligned; the executor owns
+            and reuses them (accounted as ``workspace`` on the provider).
     """
 
     multi_output: ClassVar[bool] = False
@@ -337,6 +341,7 @@ class Kernel:
     kernel_sized_outputs: ClassVar[bool] = False
     inplace: ClassVar[Mapping[int, int]] = {}
     wants_outer_scope: ClassVar[bool] = False
+    uses_workspace: ClassVar[bool] = False
 
     def __init__(self, node: NodeSpec):
         self.node = node

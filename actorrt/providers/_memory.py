@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import attrs
 
@@ -92,3 +93,76 @@ class MemoryAccountant:
             return MemoryStatistics(self.provider, self._total, self._peak_total,
                                     dict(self._live), dict(self._peak), self.limit,
                                     self._allocs, self._frees)
+
+
+class WorkspaceArena:
+    """Scratch memory the executor hands to kernels (``Kernel.workspace``).
+
+    Step-scoped requests are carved, aligned, from one buffer per worker
+    thread that grows to the largest step seen and is then reused; requests
+    with ``lifetime="session"`` get a buffer per (node, index) kept until the
+    provider stops. All of it is accounted as ``workspace``.
+    """
+
+    def __init__(self, accountant: MemoryAccountant):
+        self.acc = accountant
+        self._local = threading.local()
+        self._persistent: dict[tuple, tuple[Any, int]] = {}  # key -> (view, bytes held)
+        self._lock = threading.Lock()
+        self._thread_buffers: dict[int, Any] = {}  # id -> each thread's step buffer
+
+    def buffers(self, key: Any, requests: list) -> list:
+        """One uint8 array per request: exactly ``nbytes`` long, aligned.
+
+        Raises:
+            OutOfMemoryError: growing the arena would pass the provider's limit.
+        """
+        import numpy as np
+
+        out: list = [None] * len(requests)
+        step_total = 0
+        for r in requests:
+            if r.lifetime != "session":
+                step_total += r.nbytes + r.alignment
+        if step_total:
+            buf = getattr(self._local, "buf", None)
+            if buf is None or buf.nbytes < step_total:
+                self.acc.reserve(step_total, "workspace", what="step workspace")
+                with self._lock:
+                    if buf is not None:
+                        self.acc.release(buf.nbytes, "workspace")
+                        del self._thread_buffers[id(buf)]
+                    buf = np.empty(step_total, np.uint8)
+                    self._thread_buffers[id(buf)] = buf
+                self._local.buf = buf
+            base = buf.ctypes.data
+            off = 0
+        for i, r in enumerate(requests):
+            if r.lifetime == "session":
+                k = (key, i)
+                with self._lock:
+                    held = self._persistent.get(k)
+                    if held is None or held[0].nbytes != r.nbytes:
+                        size = r.nbytes + r.alignment
+                        self.acc.reserve(size, "workspace", what="persistent workspace")
+                        if held is not None:
+                            self.acc.release(held[1], "workspace")
+                        raw = np.empty(size, np.uint8)
+                        start = (-raw.ctypes.data) % r.alignment
+                        held = self._persistent[k] = (raw[start:start + r.nbytes], size)
+                out[i] = held[0]
+                continue
+            start = off + (-(base + off)) % r.alignment
+            out[i] = buf[start:start + r.nbytes]
+            off = start + r.nbytes
+        return out
+
+    def release_all(self) -> None:
+        with self._lock:
+            for b in self._thread_buffers.values():
+                self.acc.release(b.nbytes, "workspace")
+            self._thread_buffers.clear()
+            for _, size in self._persistent.values():
+                self.acc.release(size, "workspace")
+            self._persistent.clear()
+        self._local = threading.local()

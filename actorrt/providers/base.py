@@ -30,7 +30,7 @@ from .._errors import InvalidArgumentError, SessionClosedError
 from ..actors import Actor, ActorRef, open_actors
 from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
                         ValueType, estimate_bytes)
-from ._memory import MemoryAccountant, MemoryStatistics
+from ._memory import MemoryAccountant, MemoryStatistics, WorkspaceArena
 from ._registry import KernelRegistry
 
 __all__ = [
@@ -191,6 +191,7 @@ class ExecutionProvider(Actor, abc.ABC):
         super().__init__(self.name)
         self.profile = profile or DeviceProfile()
         self.memory = MemoryAccountant(self.name, memory_limit)
+        self.workspace = WorkspaceArena(self.memory)
         self.n_workers = max(1, int(workers))
         self._buffers: dict[int, Buffer] = {}
         self._ids = itertools.count(1)
@@ -238,6 +239,7 @@ class ExecutionProvider(Actor, abc.ABC):
                     self._pool_send.close()
         finally:
             self.free_all()
+            self.workspace.release_all()
 
     def free_all(self) -> None:
         for b in list(self._buffers.values()):

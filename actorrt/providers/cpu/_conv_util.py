@@ -154,8 +154,39 @@ def scatter_taps(cols: np.ndarray, out: np.ndarray, kernel, in_shape, strides, d
         out[(Ellipsis, *dst)] += cols[(Ellipsis, *kk, *src)]
 
 
+def choose_path(kernel, pb, pe, cg: int, group: int) -> str:
+    """``"1x1"``, ``"depthwise"`` or ``"im2col"`` (see :func:`conv_core`)."""
+    if math.prod(kernel) == 1 and not any(pb) and not any(pe):
+        return "1x1"
+    if cg == 1 and group > 1:
+        return "depthwise"
+    return "im2col"
+
+
+def im2col_chunk(n: int, c: int, K: int, P: int, itemsize: int) -> int:
+    """Images per patch-matrix chunk (bounds it to ~64 MB)."""
+    per_image = c * K * P * itemsize
+    return min(n, max(1, (64 << 20) // max(per_image, 1)))
+
+
+def conv_workspace(x_shape, kernel, pb, pe, out_shape, group: int, itemsize: int) -> list[int]:
+    """Exact scratch bytes of the im2col path: ``[padded input, patch matrix]``
+    (the padded input only when there are pads); ``[]`` for the other paths."""
+    n, c = x_shape[:2]
+    if choose_path(kernel, pb, pe, c // group, group) != "im2col":
+        return []
+    K, P = math.prod(kernel), math.prod(out_shape)
+    sizes = []
+    if any(pb) or any(pe):
+        padded = [d + b + e for d, b, e in zip(x_shape[2:], pb, pe)]
+        sizes.append(n * c * math.prod(padded) * itemsize)
+    sizes.append(im2col_chunk(n, c, K, P, itemsize) * c * K * P * itemsize)
+    return sizes
+
+
 def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dilations,
-              pb, pe, out_shape, *, pad_value=0, path: str | None = None) -> tuple[np.ndarray, str]:
+              pb, pe, out_shape, *, pad_value=0, path: str | None = None,
+              workspace: Sequence[np.ndarray] = ()) -> tuple[np.ndarray, str]:
     """Grouped N-D convolution in ``x``'s dtype (already the compute dtype).
 
     Args:
@@ -167,6 +198,10 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
         ``(y, path)`` with ``y`` ``(N, M, *out_shape)`` and the chosen path:
         ``"1x1"`` (plain GEMM), ``"depthwise"`` (one multiply-add per kernel tap)
         or ``"im2col"`` (one GEMM per group over a patch matrix).
+
+    ``workspace``: the buffers :func:`conv_workspace` sized, handed over by the
+    executor; the padded input and the patch matrix are built in them (numpy
+    allocates privately only when none are given or they are too small).
     """
     n, c = x.shape[:2]
     g, mg, ck = wpack.shape
@@ -174,17 +209,22 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
     K = math.prod(kernel)
     P = math.prod(out_shape)
     if path is None:
-        if K == 1 and not any(pb) and not any(pe):
-            path = "1x1"
-        elif cg == 1 and group > 1:
-            path = "depthwise"
-        else:
-            path = "im2col"
+        path = choose_path(kernel, pb, pe, cg, group)
     if path == "1x1":
         xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
         y = np.matmul(wpack, xs.reshape(n, g, cg, P))
         return y.reshape(n, g * mg, *out_shape), path
-    xp = pad_spatial(x, pb, pe, pad_value)
+    ws = list(workspace) if path == "im2col" else []
+    padded = any(pb) or any(pe)
+    if padded and ws and ws[0].nbytes >= _padded_bytes(x, pb, pe):
+        shape = (*x.shape[:2], *(d + b + e for d, b, e in zip(x.shape[2:], pb, pe)))
+        xp = ws.pop(0)[:math.prod(shape) * x.dtype.itemsize].view(x.dtype).reshape(shape)
+        xp.fill(pad_value)
+        xp[(Ellipsis, *(slice(b, b + d) for b, d in zip(pb, x.shape[2:])))] = x
+    else:
+        if padded and ws:
+            ws.pop(0)
+        xp = pad_spatial(x, pb, pe, pad_value)
     if path == "depthwise":
         w = wpack.reshape(g, mg, K)
         acc = np.zeros((n, g, mg, *out_shape), dtype=x.dtype)
@@ -194,13 +234,24 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
         return acc.reshape(n, g * mg, *out_shape), path
     view = sliding_view(xp, out_shape, kernel, strides, dilations)  # (N, C, *k, *out)
     y = np.empty((n, g, mg, P), dtype=x.dtype)
-    # bound the patch matrix to ~64 MB per chunk of images
-    per_image = c * K * P * x.dtype.itemsize
-    step = max(1, (64 << 20) // max(per_image, 1))
+    step = im2col_chunk(n, c, K, P, x.dtype.itemsize)
+    need = step * c * K * P * x.dtype.itemsize
+    colbuf = ws[0][:need].view(x.dtype) if ws and ws[0].nbytes >= need else None
     for n0 in range(0, n, step):
-        cols = view[n0:n0 + step].reshape(-1, g, cg * K, P)
-        np.matmul(wpack, cols, out=y[n0:n0 + step])
+        k = min(step, n - n0)
+        if colbuf is not None:  # patch matrix built in the handed-over workspace
+            cols = colbuf[:k * c * K * P].reshape(k, c, *kernel, *out_shape)
+            np.copyto(cols, view[n0:n0 + k])
+            cols = cols.reshape(k, g, cg * K, P)
+        else:
+            cols = view[n0:n0 + k].reshape(-1, g, cg * K, P)
+        np.matmul(wpack, cols, out=y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape), path
+
+
+def _padded_bytes(x: np.ndarray, pb, pe) -> int:
+    return math.prod((*x.shape[:2], *(d + b + e for d, b, e in zip(x.shape[2:], pb, pe)))) \
+        * x.dtype.itemsize
 
 
 def reflect(x: np.ndarray, lo: np.ndarray | float, hi: np.ndarray | float) -> np.ndarray:

@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from ... import tracing
-from .._contract import Kernel, NodeSpec, require
-from ._conv_util import (compute_dtype, conv_core, conv_geometry, decode_str, scatter_taps,
+from ..._dtypes import to_numpy_dtype
+from .._contract import Kernel, NodeSpec, WorkspaceRequest, require
+from ._conv_util import (compute_dtype, conv_core, conv_workspace, conv_geometry, decode_str, scatter_taps,
                          spatial_params)
 from .registry import cpu_kernel
 
@@ -87,7 +88,23 @@ class Conv(Kernel):
                                         compute_dtype(w.dtype))
             self._wpack = shared["wpack"]
 
-    def run(self, x, w, b=None):
+    uses_workspace = True
+
+    def workspace(self, input_shapes):
+        """Exact im2col scratch for these shapes: the padded input (when padded)
+        and one chunk of the patch matrix, in the compute dtype."""
+        x_shape, w_shape = input_shapes[0], input_shapes[1]
+        if x_shape is None or w_shape is None or len(x_shape) < 3:
+            return []
+        vt = self.node.input_type(0)
+        dt = to_numpy_dtype(vt.dtype) if vt is not None and vt.dtype else np.dtype(np.float32)
+        kernel, _, _, out, pb, pe = _geometry(self.node, x_shape, w_shape)
+        sizes = conv_workspace(x_shape, kernel, pb, pe, out, int(self.node.attr("group", 1)),
+                               compute_dtype(dt).itemsize)
+        return [WorkspaceRequest(n, 64, "step", role) for n, role in
+                zip(sizes, ("pad", "im2col") if len(sizes) == 2 else ("im2col",))]
+
+    def run(self, x, w, b=None, *, workspace=()):
         group = int(self.node.attr("group", 1))
         cd = compute_dtype(x.dtype)
         if x.shape[1] != w.shape[1] * group:
@@ -96,7 +113,7 @@ class Conv(Kernel):
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x.shape, w.shape)
         wpack = self._wpack if self._wpack is not None else _pack(w, group, cd)
         y, path = conv_core(x.astype(cd, copy=False), wpack, group, kernel, strides, dil,
-                            pb, pe, out)
+                            pb, pe, out, workspace=workspace)
         tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
         return _finish(y, b, x.dtype)
 

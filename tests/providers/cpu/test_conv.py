@@ -260,3 +260,34 @@ async def test_constant_conv_weight_is_prepacked_once_for_three_input_shapes():
     finally:
         kernel_cls.prepare = orig
     assert calls == [1]
+
+
+async def test_im2col_scratch_is_handed_over_by_the_executor_exactly():
+    """Conv asks for exact workspace (padded input + patch matrix); the executor
+    hands it over from the provider's arena, accounted as ``workspace``."""
+    from onnx import TensorProto as TP, helper, numpy_helper
+
+    import actorrt
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, ["n", 3, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    async with actorrt.open_session(m, options=actorrt.SessionOptions(workers=1)) as s:
+        (step,) = s.plan.steps
+        reqs = step.kernel.workspace([(2, 3, 10, 12), w.shape])
+        # padded input (2, 3, 12, 14) and the patch matrix (2 images, 27 x 120) in float32
+        assert [r.nbytes for r in reqs] == [2 * 3 * 12 * 14 * 4, 2 * 27 * 120 * 4]
+        x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+        (y,) = await s.run(None, {"x": x})
+        np.testing.assert_allclose(y, run_onnxruntime(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+        mem = s._providers[0].statistics().memory
+        assert mem.live_by_role["workspace"] == sum(r.nbytes + r.alignment for r in reqs)
+        # a smaller input reuses the arena: nothing new is reserved
+        await s.run(None, {"x": x[:1, :, :5, :6]})
+        assert s._providers[0].statistics().memory.live_by_role["workspace"] == \
+            mem.live_by_role["workspace"]
+    assert s._providers[0].statistics().memory.live_by_role["workspace"] == 0

@@ -251,6 +251,8 @@ class Plan:
         self.outer_inputs: list[tuple[str, int]] = []
         self.release_counts: dict[int, int] = {}
         self.tracker_release: Any = None  # set when intermediates are accounted
+        #: some segment runs on a device provider: values cross memories
+        self.mixed = False
         self.trackers: dict[str, ActivationTracker] = {}
         #: graph-input slots a kernel may overwrite in place when donated
         self.donatable: frozenset[int] = frozenset()
@@ -269,6 +271,8 @@ class Plan:
                 res.append(self.output_consts[o.slot])
             else:
                 v = env[o.slot]
+                if self.mixed:
+                    v = _to_host(v)
                 res.append(np.asarray(v) if isinstance(v, np.generic) else v)
         return res
 
@@ -485,6 +489,7 @@ class _Compiler:
                 plan.output_consts[slot] = self.consts[v.name]
             plan.outputs.append(IOSpec(v.name, slot, vt))
         self.segment(pending)
+        plan.mixed = any(not st.provider.host_accessible for st in pending)
         for seg in plan.segments:
             _codegen(plan, seg, self.consts, self.slots, options=self.options)
         if self.options.track_memory:
@@ -607,6 +612,8 @@ class _Compiler:
                     src = where.get(n)
                     if src is not None and src is not p:
                         transfer += p.transfer_us(self.types.get(n))
+                    elif src is None and n and n not in self.consts and not p.host_accessible:
+                        transfer += p.transfer_us(self.types.get(n))  # a host graph input
                 cost = cost.with_transfer(transfer) if transfer else cost
                 cands[p.name] = cost.total_us
                 if best_cost is None or cost.total_us < best_cost.total_us:
@@ -845,6 +852,15 @@ def _workspace_fn(step: Step, arena: Any) -> Callable:
     return workspace
 
 
+def _to_host(v: Any) -> Any:
+    """A device array (cupy) as numpy; anything else unchanged."""
+    if isinstance(v, list):
+        return [_to_host(x) for x in v]
+    if not isinstance(v, np.ndarray) and hasattr(v, "__cuda_array_interface__"):
+        return v.get()
+    return v
+
+
 def _read_only(v: Any) -> Any:
     """A read-only view, so an in-place kernel cannot overwrite a shared value."""
     if isinstance(v, np.ndarray) and v.flags.writeable:
@@ -954,16 +970,22 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
         lines.append("    " + text)
         line_steps.append(step)
 
+    device = plan.mixed
     def ref(slot: int) -> str:
         if slot < 0:
             return "None"
         if slot in const_slots:
-            defaults[f"c{slot}"] = const_slots[slot]
+            if f"c{slot}" not in defaults:
+                value = const_slots[slot]
+                # constants move to the segment's memory once, at compile time
+                defaults[f"c{slot}"] = seg.provider.import_value(value) if device else value
             return f"c{slot}"
         return f"v{slot}"
 
+    if device:
+        defaults["_imp"] = seg.provider.import_value
     for slot in seg.loads:
-        emit(f"v{slot} = env[{slot}]")
+        emit(f"v{slot} = _imp(env[{slot}])" if device else f"v{slot} = env[{slot}]")
     # last use of each local inside the segment
     last_use: dict[int, int] = {}
     for k, st in enumerate(seg.steps):

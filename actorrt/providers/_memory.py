@@ -11,7 +11,54 @@ from .._errors import OutOfMemoryError
 
 ROLES = ("weights", "activations", "kv-cache", "workspace", "bindings", "tensors")
 
-__all__ = ["MemoryAccountant", "MemoryStatistics", "ROLES"]
+__all__ = ["MemoryAccountant", "MemoryStatistics", "ROLES", "check_output_bytes",
+           "running_on"]
+
+_current = threading.local()
+
+
+def running_on(accountant: "MemoryAccountant | None") -> None:
+    """Mark the calling thread as running kernels for ``accountant``'s provider."""
+    _current.acc = accountant
+
+
+def _physical_bytes() -> int:
+    import os
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 1 << 62
+
+
+def check_output_bytes(shape, dtype, *, what: str) -> None:
+    """Refuse, before allocating, an output whose shape came from data and can
+    never fit: over the running provider's memory limit or over the machine's
+    physical memory (numpy's own failure would depend on overcommit and may
+    kill the process instead of raising).
+
+    Raises:
+        OutOfMemoryError: naming requested bytes, bytes in use and the limit.
+    """
+    import math
+
+    import numpy as np
+
+    n = 1
+    for d in shape:
+        n *= int(d)
+    nbytes = n * np.dtype(dtype).itemsize
+    acc = getattr(_current, "acc", None)
+    in_use = acc.statistics().live_bytes if acc is not None else 0
+    provider = acc.provider if acc is not None else "cpu"
+    if acc is not None and acc.limit is not None and in_use + nbytes > acc.limit:
+        raise OutOfMemoryError(f"{what} of shape {tuple(shape)} would pass the memory limit",
+                               requested=nbytes, in_use=in_use, limit=acc.limit,
+                               role="activations", provider=provider)
+    phys = _physical_bytes()
+    if nbytes > phys or not math.isfinite(float(nbytes)):
+        raise OutOfMemoryError(f"{what} of shape {tuple(shape)} exceeds this machine's "
+                               f"{phys} bytes of memory", requested=nbytes, in_use=in_use,
+                               limit=phys, role="activations", provider=provider)
 
 
 @attrs.frozen

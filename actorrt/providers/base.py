@@ -16,6 +16,7 @@ Every request is a frozen attrs message sent through an
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 import math
 from contextlib import asynccontextmanager
@@ -30,7 +31,7 @@ from .._errors import InvalidArgumentError, SessionClosedError
 from ..actors import Actor, ActorRef, open_actors
 from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
                         ValueType, estimate_bytes)
-from ._memory import MemoryAccountant, MemoryStatistics, WorkspaceArena
+from ._memory import MemoryAccountant, MemoryStatistics, WorkspaceArena, running_on
 from ._registry import KernelRegistry
 
 __all__ = [
@@ -291,6 +292,27 @@ class ExecutionProvider(Actor, abc.ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on a host provider)."""
 
+    def segment_context(self):
+        """Context the provider's segments run in (a device and stream on CUDA)."""
+        return contextlib.nullcontext()
+
+    def import_value(self, v: Any) -> Any:
+        """A value from another provider in this provider's memory. Host
+        providers bring device arrays back to numpy."""
+        if isinstance(v, np.ndarray) or v is None:
+            return v
+        if isinstance(v, list):
+            return [self.import_value(x) for x in v]
+        if hasattr(v, "__cuda_array_interface__") and hasattr(v, "get"):
+            return v.get()
+        return v
+
+    def run_segment(self, plan: Any, seg: Any, env: list) -> None:
+        """Run ``seg`` in this provider's context (called by its workers)."""
+        running_on(self.memory)
+        with self.segment_context():
+            plan.run_segment(seg, env)
+
     # handler ----------------------------------------------------------------
     async def handle(self, message: Any) -> Any:
         if isinstance(message, Allocate):
@@ -365,8 +387,8 @@ class _Worker(Actor):
         plan = message.plan
         self.provider._segments_run += 1
         if seg.cost_us < self.provider.inline_threshold_us:
-            plan.run_segment(seg, message.env)
+            self.provider.run_segment(plan, seg, message.env)
         else:
-            await trio.to_thread.run_sync(plan.run_segment, seg, message.env,
+            await trio.to_thread.run_sync(self.provider.run_segment, plan, seg, message.env,
                                           limiter=self.provider._limiter)
         return None

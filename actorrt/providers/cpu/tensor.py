@@ -19,6 +19,7 @@ import numpy as np
 
 from ..._dtypes import to_numpy_dtype
 from .._contract import Kernel, NodeSpec, require
+from .._memory import check_output_bytes
 from ._index_util import as_int, as_ints, as_scalar, norm_axes, norm_axis
 from .registry import cpu_kernel
 
@@ -301,6 +302,8 @@ def ConstantOfShape(input, *, value=None):
     shape = as_ints(input)
     if any(d < 0 for d in shape):
         raise ValueError(f"ConstantOfShape: negative dim in {shape}")
+    check_output_bytes(shape, np.float32 if value is None else value.dtype,
+                       what="ConstantOfShape output")
     if value is None:
         return np.zeros(shape, dtype=np.float32)
     return np.full(shape, as_scalar(value), dtype=value.dtype)
@@ -326,6 +329,7 @@ def Range(start, limit, delta, *, stash_type=1, node=None):
         if d == 0:
             raise ValueError("Range: delta is 0")
         n = max(-((s - l) // d), 0)
+        check_output_bytes((n,), np.int64, what="Range output")
         return (s + np.arange(n, dtype=np.int64) * d).astype(dtype)
     comp = np.float64
     if dtype in _LOW_PRECISION and node is not None and node.opset >= 27:
@@ -334,6 +338,7 @@ def Range(start, limit, delta, *, stash_type=1, node=None):
     if d == 0:
         raise ValueError("Range: delta is 0")
     n = max(int(np.ceil((l - s) / d)), 0)
+    check_output_bytes((n,), comp, what="Range output")
     return (s + np.arange(n, dtype=comp) * d).astype(dtype)
 
 
@@ -360,6 +365,8 @@ def Tile(input, repeats, axis=None, *, node=None):
         reps = as_ints(repeats)
     if len(reps) != input.ndim or any(r < 0 for r in reps):
         raise ValueError(f"Tile: repeats {reps} do not fit rank {input.ndim}")
+    check_output_bytes([d * r for d, r in zip(input.shape, reps)], input.dtype,
+                       what="Tile output")
     return np.tile(input, reps)
 
 

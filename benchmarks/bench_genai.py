@@ -16,10 +16,8 @@ import numpy as np
 import trio
 
 from actorrt.genai import SamplingParams, open_engine, prepare_model
+from actorrt.genai.cli import concurrency_curve
 
-SHORT = ["The capital of France is", "Once upon a time", "The best way to learn is",
-         "In 1969, humans", "Water boils at", "My favourite food is",
-         "The meaning of life is", "Computers are"]
 PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a Celtic "
           "people called the Parisii settled on an island in the river Seine. The Romans "
           "conquered the area in 52 BC and built a town they called Lutetia. In the")
@@ -60,21 +58,7 @@ async def ours(folder, new_tokens: int, levels: list[int]):
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         single = await engine.generate(PROMPT, params)
-        curve = []
-        for n in levels:
-            p = SamplingParams(max_new_tokens=min(new_tokens, 64), ignore_eos=True)
-            results = [None] * n
-
-            async def one(i):
-                results[i] = await engine.generate(SHORT[i % len(SHORT)], p)
-
-            t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for i in range(n):
-                    nursery.start_soon(one, i)
-            el = time.perf_counter() - t0
-            toks = sum(len(r.token_ids) for r in results)
-            curve.append((n, toks / el, sum(r.decode_tokens_per_s for r in results)))
+        curve = await concurrency_curve(engine, levels, min(new_tokens, 64))
         return single, len(engine.encode_prompt(PROMPT)), curve
 
 
@@ -100,10 +84,10 @@ def main() -> None:
     print(f"{'ratio actorrt/ort':24} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
           f"{single.decode_tokens_per_s / ort_decode:13.2f}")
     print("\nconcurrent engine, greedy streams (short prompts, 64 new tokens each):")
-    print(f"{'streams':>8} {'aggregate tok/s':>16} {'sum of decode tok/s':>20}")
+    print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17}")
     base = curve[0][1]
-    for n, agg, dec in curve:
-        print(f"{n:>8} {agg:>16.1f} {dec:>20.1f}   x{agg / base:.2f}")
+    for n, agg, per in curve:
+        print(f"{n:>8} {agg:>16.1f} {per:>17.1f}   x{agg / base:.2f}")
 
 
 if __name__ == "__main__":

@@ -61,35 +61,49 @@ def generate_main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: short prompts for decode benchmarks (prefill stays negligible)
+BENCH_PROMPTS = ["The capital of France is", "Once upon a time", "The best way to learn is",
+                 "In 1969, humans", "Water boils at", "My favourite food is",
+                 "The meaning of life is", "Computers are"]
+
+
+async def concurrency_curve(engine, levels, new_tokens: int) -> list[tuple[int, float, float]]:
+    """For each concurrency ``n``: ``(n, aggregate tok/s, mean per-stream decode
+    tok/s)`` of ``n`` greedy streams of ``new_tokens`` tokens started together."""
+    from .sampling import SamplingParams
+
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    curve = []
+    for n in levels:
+        results = [None] * n
+
+        async def one(i):
+            results[i] = await engine.generate(BENCH_PROMPTS[i % len(BENCH_PROMPTS)], params)
+
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+        el = time.perf_counter() - t0
+        toks = sum(len(r.token_ids) for r in results)
+        curve.append((n, toks / el, sum(r.decode_tokens_per_s for r in results) / n))
+    return curve
+
+
 def bench_decode_main(args: argparse.Namespace) -> int:
     """Aggregate and per-stream decode tok/s at each concurrency."""
     from .engine import open_engine
     from .sampling import SamplingParams
 
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
-    prompts = ["The capital of France is", "Once upon a time", "The best way to learn is",
-               "In 1969, humans", "Water boils at", "My favourite food is",
-               "The meaning of life is", "Computers are"]
 
     async def main() -> None:
         async with open_engine(args.model, max_batch=max(levels)) as engine:
-            params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-            await engine.generate(prompts[0], SamplingParams(max_new_tokens=4))  # warm up
-            print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17}")
-            for n in levels:
-                results = [None] * n
-
-                async def one(i):
-                    results[i] = await engine.generate(prompts[i % len(prompts)], params)
-
-                t0 = time.perf_counter()
-                async with trio.open_nursery() as nursery:
-                    for i in range(n):
-                        nursery.start_soon(one, i)
-                el = time.perf_counter() - t0
-                toks = sum(len(r.token_ids) for r in results)
-                per = sum(r.decode_tokens_per_s for r in results) / n
-                print(f"{n:>8} {toks / el:>16.1f} {per:>17.1f}")
+            await engine.generate(BENCH_PROMPTS[0], SamplingParams(max_new_tokens=4))  # warm up
+            curve = await concurrency_curve(engine, levels, args.max_new_tokens)
+        print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17}")
+        for n, agg, per in curve:
+            print(f"{n:>8} {agg:>16.1f} {per:>17.1f}   x{agg / curve[0][1]:.2f}")
 
     trio.run(main)
     return 0

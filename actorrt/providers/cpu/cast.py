@@ -20,6 +20,7 @@ import onnx_ir as ir
 from ..._dtypes import from_numpy_dtype, storage_bits, to_numpy_dtype
 from .._contract import Kernel, NodeSpec, deny, require
 from ._cast_util import make_caster
+from .elementwise import input_dtype
 from .registry import cpu_kernel
 
 __all__: list[str] = []
@@ -29,14 +30,6 @@ def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _known_dtype(node: NodeSpec, i: int) -> np.dtype | None:
-    t = node.input_type(i)
-    if t is None or t.dtype is None:
-        return None
-    try:
-        return to_numpy_dtype(t.dtype)
-    except (ValueError, TypeError):
-        return None
 
 
 def _target(node: NodeSpec) -> np.dtype:
@@ -71,7 +64,7 @@ class Cast(Kernel):
 
     def compile(self) -> Callable:
         saturate, round_mode = _options(self.node)
-        return make_caster(_known_dtype(self.node, 0), _target(self.node), saturate, round_mode)
+        return make_caster(input_dtype(self.node, 0), _target(self.node), saturate, round_mode)
 
     def run(self, x):
         return self.compile()(x)
@@ -86,7 +79,7 @@ class CastLike(Kernel):
 
     def compile(self) -> Callable:
         saturate, round_mode = _options(self.node)
-        src, dst = _known_dtype(self.node, 0), _known_dtype(self.node, 1)
+        src, dst = input_dtype(self.node, 0), input_dtype(self.node, 1)
         if dst is not None:
             cast = make_caster(src, dst, saturate, round_mode)
             return lambda x, target_type: cast(x)

@@ -116,13 +116,9 @@ def _norm_axis(axis: int, rank: int, what: str) -> int:
     return axis % rank
 
 
-@cpu_kernel("Scan", since=(9, 11, 16, 19, 21, 23, 24, 25))
-class Scan(Kernel):
-    """ONNX Scan (opsets 9-25): inputs ``(state..., scan_input...)``; the body
-    runs once per slice along each input's ``scan_input_axes`` (reversed where
-    ``scan_input_directions`` is 1); outputs are the final states then the
-    per-iteration outputs stacked along ``scan_output_axes`` (reversed where
-    ``scan_output_directions`` is 1)."""
+class _ScanBase(Kernel):
+    """What every Scan version shares: the compiled body and its state / scan
+    input / scan output counts."""
 
     multi_output = True
     wants_outer_scope = True
@@ -139,6 +135,18 @@ class Scan(Kernel):
         self.n_scan_in = int(node.attrs["num_scan_inputs"])
         self.n_state = len(self.body.input_names) - self.n_scan_in
         self.n_scan_out = len(self.body.output_names) - self.n_state
+
+
+@cpu_kernel("Scan", since=(9, 11, 16, 19, 21, 23, 24, 25))
+class Scan(_ScanBase):
+    """ONNX Scan (opsets 9-25): inputs ``(state..., scan_input...)``; the body
+    runs once per slice along each input's ``scan_input_axes`` (reversed where
+    ``scan_input_directions`` is 1); outputs are the final states then the
+    per-iteration outputs stacked along ``scan_output_axes`` (reversed where
+    ``scan_output_directions`` is 1)."""
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
         if self.n_state < 0 or self.n_scan_out < 0:
             raise ValueError("Scan body inputs/outputs disagree with num_scan_inputs")
         a = node.attrs
@@ -185,27 +193,14 @@ class Scan(Kernel):
 
 
 @cpu_kernel("Scan", since=8)
-class Scan8(Kernel):
+class Scan8(_ScanBase):
     """ONNX Scan (opset 8): inputs ``(sequence_lens?, state..., scan_input...)``
     with a leading batch axis; scan inputs are ``(batch, seq, ...)`` and read in
     reverse where ``directions`` is 1; scan outputs are ``(batch, max_seq, ...)``,
     zero-padded past each batch entry's ``sequence_lens``."""
 
-    multi_output = True
-    wants_outer_scope = True
-
-    @classmethod
-    def check(cls, node: NodeSpec) -> None:
-        require(node.compile_subgraph is not None, "Scan needs a subgraph compiler")
-        require("body" in node.attrs and "num_scan_inputs" in node.attrs,
-                "Scan needs body and num_scan_inputs")
-
     def __init__(self, node: NodeSpec):
         super().__init__(node)
-        self.body = node.compile_subgraph(node.attrs["body"])
-        self.n_scan_in = int(node.attrs["num_scan_inputs"])
-        self.n_state = len(self.body.input_names) - self.n_scan_in
-        self.n_scan_out = len(self.body.output_names) - self.n_state
         self.dirs = list(node.attrs.get("directions") or [0] * self.n_scan_in)
         self.scan_types = [o.type for o in self.body.plan.outputs[self.n_state:]]
 

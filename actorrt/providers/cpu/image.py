@@ -403,5 +403,5 @@ class ImageDecoder(Kernel):
         deny("ImageDecoder needs an image codec (JPEG/PNG/...); the numpy-only CPU "
              "provider cannot decode images — decode before the model instead")
 
-    def run(self, encoded_stream):  # pragma: no cover - never planned
-        raise NotImplementedError("ImageDecoder is not supported on the CPU provider")
+    def run(self, encoded_stream):  # pragma: no cover - check() declines every node
+        raise RuntimeError("ImageDecoder is declined at plan time on the CPU provider")

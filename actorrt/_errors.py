@@ -16,6 +16,24 @@ Each message names the model and, where one is involved, the node and input.
 
 from __future__ import annotations
 
+import sys
+
+if sys.version_info < (3, 11):  # pragma: no cover - trio depends on the backport there
+    from exceptiongroup import BaseExceptionGroup
+else:
+    BaseExceptionGroup = BaseExceptionGroup  # noqa: PLW0127 - re-exported for 3.10
+
+
+def leaf_exceptions(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (possibly nested) exception groups, or ``[exc]``."""
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for e in exc.exceptions:
+            out.extend(leaf_exceptions(e))
+        return out
+    return [exc]
+
+
 __all__ = [
     "ActorRTError",
     "ModelLoadError",

@@ -10,7 +10,8 @@ import attrs
 import numpy as np
 import trio
 
-from ._errors import (ActorRTError, InvalidArgumentError, ModelLoadError, SessionClosedError)
+from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, ModelLoadError,
+                      SessionClosedError)
 from ._model import ModelLike, load_model
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers

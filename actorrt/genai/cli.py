@@ -50,14 +50,27 @@ def generate_main(args: argparse.Namespace) -> int:
                       f"decode: {len(res.token_ids)} tokens, {res.decode_tokens_per_s:.1f} tok/s; "
                       f"finish: {res.finish_reason}", file=sys.stderr)
 
+    return _run_reporting(main)
+
+
+def _run_reporting(main) -> int:
+    """``trio.run(main)``: Ctrl-C and actorrt errors end with one line, not a
+    traceback (trio delivers them wrapped in exception groups)."""
+    from .._errors import ActorRTError, leaf_exceptions
+
     try:
         trio.run(main)
-    except ActorRTError as e:
-        print(f"\nerror: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except BaseException as exc:  # noqa: BLE001 - classified below, others re-raised
+        leaves = leaf_exceptions(exc)
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            sys.stdout.write("\n")
+            print("interrupted", file=sys.stderr)
+            return 130
+        errors = [e for e in leaves if isinstance(e, ActorRTError)]
+        if errors and all(isinstance(e, (ActorRTError, KeyboardInterrupt)) for e in leaves):
+            print(f"\nerror: {errors[0]}", file=sys.stderr)
+            return 1
+        raise
     return 0
 
 
@@ -105,5 +118,4 @@ def bench_decode_main(args: argparse.Namespace) -> int:
         for n, agg, per in curve:
             print(f"{n:>8} {agg:>16.1f} {per:>17.1f}   x{agg / curve[0][1]:.2f}")
 
-    trio.run(main)
-    return 0
+    return _run_reporting(main)

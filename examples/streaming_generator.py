@@ -1,0 +1,27 @@
+"""Stream a continuation from the default model (SmolLM2-135M), token by token.
+
+    python examples/streaming_generator.py "The capital of France is"
+
+Ctrl-C stops the stream; leaving the loop frees the request's KV cache.
+"""
+
+import sys
+
+import trio
+
+from actorrt.genai import SamplingParams, open_engine
+
+
+async def main(prompt: str) -> None:
+    async with open_engine("smollm2") as engine:
+        print(prompt, end="", flush=True)
+        params = SamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9, seed=0)
+        async for piece in engine.stream(prompt, params):
+            print(piece, end="", flush=True)
+        print()
+        st = engine.statistics()
+        print(f"[{st.tokens_generated} tokens, {st.tokens_per_s:.1f} tok/s]", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "Once upon a time")

@@ -91,18 +91,24 @@ def main() -> None:
 
     # per-node overhead and fixed per-run cost
     m1, m200 = add_chain(1), add_chain(200)
-    ours = {}
-    for n, m in ((1, m1), (200, m200)):
-        with actorrt.InferenceSession(m) as s:
-            ours[n] = best_of(lambda: s.run(None, {"x": x}), rep, num)
-    theirs = {}
-    for n, m in ((1, m1), (200, m200)):
-        s = ort_session(m)
-        theirs[n] = best_of(lambda: s.run(None, {"x": x}), rep, num)
-    per_ours = (ours[200] - ours[1]) / 199
-    per_ort = (theirs[200] - theirs[1]) / 199
-    row("per-node overhead, 200-Add chain", per_ours, per_ort)
-    row("fixed per-run cost, 1-node model (sync)", ours[1], theirs[1])
+    a1, a200 = actorrt.InferenceSession(m1), actorrt.InferenceSession(m200)
+    o1, o200 = ort_session(m1), ort_session(m200)
+    # this machine's timings wander: interleave the four and take medians of rounds
+    rounds = {"a1": [], "a200": [], "o1": [], "o200": []}
+    for _ in range(3 if args.quick else 7):
+        for key, sess in (("a1", a1), ("a200", a200), ("o1", o1), ("o200", o200)):
+            rounds[key].append(best_of(lambda: sess.run(None, {"x": x}), 3, num))
+    a1.close()
+    a200.close()
+    med = {k: float(np.median(v)) for k, v in rounds.items()}
+    per = [((a - b) / 199, (c - d) / 199) for a, b, c, d in
+           zip(rounds["a200"], rounds["a1"], rounds["o200"], rounds["o1"])]
+    ratios = sorted(p / q for p, q in per)
+    row("per-node overhead, 200-Add chain (median)", float(np.median([p for p, _ in per])),
+        float(np.median([q for _, q in per])))
+    print(f"{'':44} per-round ratios {', '.join(f'{r:.2f}' for r in ratios)}")
+    row("fixed per-run cost, 1-node model (sync)", med["a1"], med["o1"])
+    theirs = {1: med["o1"]}
 
     async def async_fixed():
         async with actorrt.open_session(m1) as s:

@@ -58,40 +58,38 @@ def _iter_tensor_protos(graph: onnx.GraphProto):
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: Path | None, name: str) -> None:
     """Refuse external data that is missing, truncated or escapes ``base_dir``."""
-    graphs = [proto.graph] + [f for f in ()]
-    for g in graphs:
-        for t in _iter_tensor_protos(g):
-            if t.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            info = {e.key: e.value for e in t.external_data}
-            loc = info.get("location", "")
-            if base_dir is None:
-                raise ModelLoadError(
-                    f"initializer {t.name!r} keeps its data in external file {loc!r}, "
-                    "but the model was not given as a path; load it from its file",
-                    model=name)
-            if not loc or os.path.isabs(loc) or loc.startswith(("/", "\\")):
-                raise ModelLoadError(
-                    f"initializer {t.name!r}: external data location {loc!r} must be a "
-                    "relative path inside the model's folder", model=name)
-            base = base_dir.resolve()
-            path = (base / loc).resolve()
-            if base != path and base not in path.parents:
-                raise ModelLoadError(
-                    f"initializer {t.name!r}: external data location {loc!r} escapes the "
-                    f"model's folder {str(base)!r}; refused", model=name)
-            if not path.is_file():
-                raise ModelLoadError(
-                    f"initializer {t.name!r}: external data file {str(path)!r} is missing",
-                    model=name)
-            offset = int(info.get("offset", 0) or 0)
-            length = info.get("length")
-            size = path.stat().st_size
-            if length is not None and offset + int(length) > size:
-                raise ModelLoadError(
-                    f"initializer {t.name!r}: external data file {str(path)!r} holds "
-                    f"{size} bytes, tensor needs bytes {offset}..{offset + int(length)}",
-                    model=name)
+    for t in _iter_tensor_protos(proto.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if base_dir is None:
+            raise ModelLoadError(
+                f"initializer {t.name!r} keeps its data in external file {loc!r}, "
+                "but the model was not given as a path; load it from its file",
+                model=name)
+        if not loc or os.path.isabs(loc) or loc.startswith(("/", "\\")):
+            raise ModelLoadError(
+                f"initializer {t.name!r}: external data location {loc!r} must be a "
+                "relative path inside the model's folder", model=name)
+        base = base_dir.resolve()
+        path = (base / loc).resolve()
+        if base != path and base not in path.parents:
+            raise ModelLoadError(
+                f"initializer {t.name!r}: external data location {loc!r} escapes the "
+                f"model's folder {str(base)!r}; refused", model=name)
+        if not path.is_file():
+            raise ModelLoadError(
+                f"initializer {t.name!r}: external data file {str(path)!r} is missing",
+                model=name)
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        size = path.stat().st_size
+        if length is not None and offset + int(length) > size:
+            raise ModelLoadError(
+                f"initializer {t.name!r}: external data file {str(path)!r} holds "
+                f"{size} bytes, tensor needs bytes {offset}..{offset + int(length)}",
+                model=name)
 
 
 def _proto_from(model: ModelLike) -> tuple[onnx.ModelProto, str, Path | None]:

@@ -37,7 +37,7 @@ __all__ = ["Plan", "Step", "Segment", "PlanOptions", "compile_plan", "NodePlacem
 #: Ops never folded at plan time (their outputs differ between runs).
 NONDETERMINISTIC = frozenset({
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-    "Multinomial", "Bernoulli",
+    "Multinomial", "Bernoulli", "Dropout",
 })
 
 #: Largest constant (elements) folding may create.
@@ -556,10 +556,8 @@ class _Compiler:
         present = [n for n in spec.inputs if n]
         if any(n not in self.consts for n in present):
             return False
-        if spec.op_type == "Constant" or present:
-            pass
-        else:
-            return False
+        if not present and spec.op_type != "Constant":
+            return False  # source ops (SequenceEmpty...) run where they are
         cpu = self.host_provider
         match = cpu.supports_op(spec)
         if not isinstance(match, Supported):
@@ -636,7 +634,7 @@ class _Compiler:
             spec = step.node
             try:
                 k = step.provider.create_kernel(spec)
-                shared = self.shared.setdefault(id(spec.name) if False else spec.name, {})
+                shared = self.shared.setdefault(spec.name, {})
                 k.prepare(spec.constant_inputs, shared)
             except ActorRTError:
                 raise
@@ -730,8 +728,7 @@ class _Compiler:
             seg.loads, seg.stores = tuple(loads), tuple(stores)
         # cross-segment values released once their last consumer segment finished
         for slot, cs in consumers.items():
-            if slot not in graph_out and len(cs) >= 1 and (
-                    produced_in.get(slot) is not None or True):
+            if slot not in graph_out:
                 plan.release_counts[slot] = len(cs)
         for slot in graph_out:
             plan.release_counts.pop(slot, None)
@@ -953,7 +950,6 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
     """Compile ``seg`` to ``fn(env)``: values are locals ``v<slot>``, kernels and
     constants are default arguments, intermediates are deleted after their last
     use in the segment."""
-    names = plan.slot_names
     const_slots = {slots[n]: v for n, v in consts.items() if n in slots}
     tracer = options.tracer
     defaults: dict[str, Any] = {"_sized": _materialise_sized, "_contig": np.ascontiguousarray,
@@ -1089,8 +1085,6 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
     seg.fn = ns["segment"]
     seg.source = src
     seg.line_map = {n + 2: s for n, s in enumerate(line_steps) if s is not None}
-    # keep linecache-free tracebacks readable
-    del names
 
 
 def compile_plan(graph: ir.Graph, opsets: dict[str, int], providers: Sequence[Any],

@@ -65,16 +65,11 @@ def _finish(y: np.ndarray, b, out_dtype) -> np.ndarray:
     return y.astype(out_dtype, copy=False)
 
 
-@cpu_kernel("Conv", since=(1, 11, 22))
-class Conv(Kernel):
-    """ONNX Conv (opsets 1, 11, 22): X (N, C, *D), W (M, C/group, *k), B (M,) ->
-    Y (N, M, *out). A constant W is prepacked once into ``(group, M/group, C/group*K)``."""
+class _PackedWeightConv(Kernel):
+    """Conv-like kernels whose constant weight ``(M, C/g, *k)`` is packed once into
+    the GEMM layout, shared by every instance of the node."""
 
     _wpack = None
-
-    @classmethod
-    def check(cls, node):
-        _check_conv_attrs(node)
 
     @classmethod
     def estimate_flops(cls, node):
@@ -87,6 +82,17 @@ class Conv(Kernel):
                 shared["wpack"] = _pack(w, int(self.node.attr("group", 1)),
                                         compute_dtype(w.dtype))
             self._wpack = shared["wpack"]
+
+
+@cpu_kernel("Conv", since=(1, 11, 22))
+class Conv(_PackedWeightConv):
+    """ONNX Conv (opsets 1, 11, 22): X (N, C, *D), W (M, C/group, *k), B (M,) ->
+    Y (N, M, *out). A constant W is prepacked once into ``(group, M/group, C/group*K)``."""
+
+    @classmethod
+    def check(cls, node):
+        _check_conv_attrs(node)
+
 
     uses_workspace = True
 
@@ -289,29 +295,16 @@ class QLinearConv(_IntConvBase):
 
 
 @cpu_kernel("DeformConv", since=(19, 22))
-class DeformConv(Kernel):
+class DeformConv(_PackedWeightConv):
     """ONNX DeformConv (opsets 19, 22): X (N, C, *D), W (M, C/group, *k), offset
     (N, offset_group*K*n, *out), B (M,), mask (N, offset_group*K, *out) -> Y (N, M, *out).
     Multilinear sampling with zeros outside, then one GEMM per group."""
-
-    _wpack = None
 
     @classmethod
     def check(cls, node):
         require(int(node.attr("group", 1)) >= 1, "DeformConv: group must be >= 1")
         require(int(node.attr("offset_group", 1)) >= 1, "DeformConv: offset_group must be >= 1")
 
-    @classmethod
-    def estimate_flops(cls, node):
-        return _conv_flops(node)
-
-    def prepare(self, constants, shared):
-        w = constants.get(1)
-        if w is not None:
-            if "wpack" not in shared:
-                shared["wpack"] = _pack(w, int(self.node.attr("group", 1)),
-                                        compute_dtype(w.dtype))
-            self._wpack = shared["wpack"]
 
     def run(self, x, w, offset, B=None, mask=None):
         node = self.node

@@ -83,12 +83,6 @@ def _loop_model(with_m=True, with_cond=True):
     return _model([node], ins, [_vi("acc_final", F, [2]), _vi("scans", F, [None, 2])])
 
 
-def _needs_cast():
-    from actorrt.providers.cpu.registry import CPU_KERNELS
-    if CPU_KERNELS.lookup("", "Cast", 21) is None:
-        pytest.skip("Cast kernel not available")
-
-
 @pytest.mark.parametrize("with_m,with_cond,m,limit", [
     (True, True, 5, 1e9),      # trip count ends the loop
     (True, True, 10, 20.0),    # condition ends it first
@@ -97,7 +91,6 @@ def _needs_cast():
     (True, True, 0, 1e9),      # zero iterations: initial values, empty scan output
 ])
 def test_loop(with_m, with_cond, m, limit):
-    _needs_cast()
     feeds = {"a0": np.array([1, 2], np.float32), "x": np.array([0.5, 1.5], np.float32),
              "limit": np.array(limit, np.float32)}
     if with_m:
@@ -114,7 +107,6 @@ def test_loop(with_m, with_cond, m, limit):
 
 
 def test_loop_false_initial_condition():
-    _needs_cast()
     feeds = {"a0": np.array([1, 2], np.float32), "x": np.array([0.5, 1.5], np.float32),
              "limit": np.array(1e9, np.float32), "M": np.array(3, np.int64),
              "c": np.array(False)}

@@ -16,7 +16,7 @@ import numpy as np
 import trio
 
 from actorrt.genai import SamplingParams, open_engine, prepare_model
-from actorrt.genai.cli import concurrency_curve
+from actorrt.genai.cli import concurrency_curve, print_curve
 
 PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a Celtic "
           "people called the Parisii settled on an island in the river Seine. The Romans "
@@ -84,10 +84,7 @@ def main() -> None:
     print(f"{'ratio actorrt/ort':24} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
           f"{single.decode_tokens_per_s / ort_decode:13.2f}")
     print("\nconcurrent engine, greedy streams (short prompts, 64 new tokens each):")
-    print(f"{'streams':>8} {'aggregate tok/s':>16} {'per-stream tok/s':>17}")
-    base = curve[0][1]
-    for n, agg, per in curve:
-        print(f"{n:>8} {agg:>16.1f} {per:>17.1f}   x{agg / base:.2f}")
+    print_curve(curve)
 
 
 if __name__ == "__main__":

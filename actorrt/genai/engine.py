@@ -87,6 +87,9 @@ class EngineStatistics:
             serving its first request.
         kv_bytes: bytes held by KV caches now.
         steps: decode steps run; batch_histogram: batch size -> steps.
+        decode_tokens: tokens produced by decode steps (first tokens come from
+            prefill and are not counted); decode_time_s: wall seconds spent in
+            decode steps (batched model run + sampling, prefill excluded).
     """
 
     active: int
@@ -97,6 +100,14 @@ class EngineStatistics:
     kv_bytes: int
     steps: int
     batch_histogram: dict[int, int]
+    decode_tokens: int = 0
+    decode_time_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Aggregate decode throughput: decode tokens / decode seconds (the
+        analogue of llama.cpp batched-bench's text-generation speed)."""
+        return self.decode_tokens / self.decode_time_s if self.decode_time_s > 0 else 0.0
 
 
 class _Request:
@@ -187,6 +198,8 @@ class Engine:
         self._completed = 0
         self._tokens = 0
         self._steps = 0
+        self._decode_tokens = 0
+        self._decode_time = 0.0
         self._hist: dict[int, int] = {}
         self._t_start: float | None = None
         self._closed = False
@@ -284,7 +297,7 @@ class Engine:
         return EngineStatistics(active, len(self._waiting) + self._inbox.statistics().current_buffer_used,
                                 self._completed, self._tokens,
                                 self._tokens / el if el > 0 else 0.0, self._kv_bytes, self._steps,
-                                dict(self._hist))
+                                dict(self._hist), self._decode_tokens, self._decode_time)
 
     # ---------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -422,6 +435,7 @@ class Engine:
         self._batch_kv = new
 
     async def _decode_step(self) -> None:
+        t0 = time.perf_counter()
         if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
             self._rebuild_batch()
             self._set_kv_bytes()
@@ -440,7 +454,9 @@ class Engine:
             if r.cancelled:
                 continue
             self._emit(r, r.sampler(logits[b, -1], r.prompt + r.generated))
+            self._decode_tokens += 1
         self._set_kv_bytes()
+        self._decode_time += time.perf_counter() - t0
 
     def _emit(self, req: _Request, tid: int) -> None:
         now = time.perf_counter()

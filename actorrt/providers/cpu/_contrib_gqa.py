@@ -25,6 +25,7 @@ import numpy as np
 from ... import tracing
 
 from .._contract import Kernel, NodeSpec, deny, require
+from . import _contrib_numba as _nb
 from .registry import cpu_kernel
 
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -101,10 +102,94 @@ class GroupQueryAttention(Kernel):
         self.do_rotary = bool(a("do_rotary", 0))
         self.interleaved = bool(a("rotary_interleaved", 0))
         self.smooth = int(a("smooth_softmax", -1)) == 1
+        #: the numba kernel (rotary + append + attention in one pass) serves
+        #: float32 without bias/softcap/sink; the numpy path serves the rest
+        self.fused = _nb.HAVE_NUMBA
+        if self.fused:
+            _nb.warm_up()
+
+    def _run_fused(self, query, key, value, past_key, past_value, seqlens_k,
+                   total_sequence_length, cos_cache, sin_cache, position_ids):
+        """float32 without bias/softcap/sink: one numba pass (see
+        :func:`._contrib_numba.gqa_attention`); shapes are checked here because
+        the compiled kernel does not bounds-check."""
+        h, kvh = self.h, self.kvh
+        if query.ndim != 3:
+            raise ValueError(f"GroupQueryAttention: query must be (B, S, hidden), got "
+                             f"{query.shape}")
+        bsz, s, width = query.shape
+        groups = h + 2 * kvh if key is None else h
+        if width % groups:
+            raise ValueError(f"GroupQueryAttention: query width {width} is not a multiple of "
+                             f"{groups} heads")
+        d = width // groups
+        if key is not None:
+            for name, x in (("key", key), ("value", value)):
+                if x is None or x.shape != (bsz, s, kvh * d):
+                    raise ValueError(f"GroupQueryAttention: {name} must be {(bsz, s, kvh * d)}, "
+                                     f"got {None if x is None else x.shape}")
+        total = int(np.asarray(total_sequence_length).reshape(-1)[0])
+        seqlens = np.asarray(seqlens_k).reshape(-1)
+        if seqlens.shape[0] != bsz:
+            raise ValueError(f"GroupQueryAttention: seqlens_k has {seqlens.shape[0]} entries "
+                             f"for a batch of {bsz}")
+        past_len = 0
+        if past_key is not None:
+            past_len = past_key.shape[2] if past_key.ndim == 4 else -1
+            for name, x in (("past_key", past_key), ("past_value", past_value)):
+                if x is None or x.shape != (bsz, kvh, past_len, d):
+                    raise ValueError(f"GroupQueryAttention: {name} must be (B={bsz}, "
+                                     f"KVH={kvh}, L, D={d}), got "
+                                     f"{None if x is None else x.shape}")
+        present_len = max(total, past_len)
+        if (past_key is not None and past_len == present_len and past_key.flags.writeable
+                and past_value.flags.writeable and not np.shares_memory(past_key, past_value)):
+            present_k, present_v, copy = past_key, past_value, False
+            tracing.kernel_variant("kv", "in-place", "past buffer donated with capacity %d",
+                                   past_len)
+        else:
+            present_k = np.zeros((bsz, kvh, present_len, d), np.float32)
+            present_v = np.zeros((bsz, kvh, present_len, d), np.float32)
+            copy = past_len > 0
+        cos = sin = pos = None
+        if self.do_rotary:
+            cos = np.ascontiguousarray(_f32(cos_cache), np.float32)
+            sin = np.ascontiguousarray(_f32(sin_cache), np.float32)
+            if cos.ndim != 2 or sin.shape != cos.shape or not 0 < 2 * cos.shape[1] <= d:
+                raise ValueError(f"GroupQueryAttention: cos_cache/sin_cache must be (positions, "
+                                 f"rotary_dim/2 <= {d // 2}), got {cos.shape} and {sin.shape}")
+        if position_ids is not None and self.do_rotary:
+            pos = np.asarray(position_ids, np.int64)
+            if pos.size != bsz * s:
+                raise ValueError(f"GroupQueryAttention: position_ids must hold {bsz}x{s} "
+                                 f"positions, got {pos.shape}")
+            pos = np.ascontiguousarray(pos.reshape(bsz, s))
+        y, status = _nb.gqa_attention(
+            query, key, value, past_key if copy else present_k,
+            past_value if copy else present_v, present_k, present_v, seqlens, total, cos, sin,
+            pos, num_heads=h, kv_num_heads=kvh, copy_past=copy,
+            alpha=self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d), window=self.window,
+            interleaved=self.interleaved)
+        if status == 1:
+            raise ValueError(f"GroupQueryAttention: seqlens_k {seqlens.tolist()} do not fit "
+                             f"sequence_length {s} and a present length of {present_len}")
+        if status == 2:
+            raise ValueError("GroupQueryAttention: past_key is shorter than seqlens_k says")
+        if status == 3:
+            raise ValueError(f"GroupQueryAttention: rotary positions exceed cos_cache "
+                             f"({cos.shape[0]} rows)")
+        tracing.kernel_variant("attention", "numba-fused", "float32, no bias/softcap/sink")
+        return y, present_k, present_v
 
     def run(self, query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
             attention_bias=None, head_sink=None, *unused):
+        f32 = np.float32
+        if (self.fused and attention_bias is None and head_sink is None and not self.smooth
+                and self.softcap <= 0.0 and query.dtype == f32
+                and all(x is None or x.dtype == f32 for x in (key, value, past_key, past_value))):
+            return self._run_fused(query, key, value, past_key, past_value, seqlens_k,
+                                   total_sequence_length, cos_cache, sin_cache, position_ids)
         h, kvh = self.h, self.kvh
         dt = query.dtype
         bsz, s, width = query.shape
@@ -136,6 +221,7 @@ class GroupQueryAttention(Kernel):
         if not first_prompt and past_len and (past > past_len).any():
             raise ValueError("GroupQueryAttention: past_key is shorter than seqlens_k says")
 
+        cos_c = sin_c = pos = None
         if self.do_rotary:
             if position_ids is not None:
                 pos = np.asarray(position_ids, np.int64).reshape(bsz, s)
@@ -148,10 +234,6 @@ class GroupQueryAttention(Kernel):
             if pos.size and (pos.min() < 0 or pos.max() >= cos_c.shape[0]):
                 raise ValueError(f"GroupQueryAttention: rotary positions exceed cos_cache "
                                  f"({cos_c.shape[0]} rows)")
-            cos = cos_c[pos][:, None]  # (B, 1, S, rot/2)
-            sin = sin_c[pos][:, None]
-            q = _rope(np.array(q, np.float32), cos, sin, self.interleaved)
-            k = _rope(np.array(k, np.float32), cos, sin, self.interleaved)
 
         shared = (past_key is not None and past_value is not None and past_len == present_len
                   and past_key.flags.writeable and past_value.flags.writeable
@@ -162,10 +244,6 @@ class GroupQueryAttention(Kernel):
             present_k, present_v = past_key, past_value
             tracing.kernel_variant("kv", "in-place", "past buffer donated with capacity %d",
                                    past_len)
-            for b in range(bsz):
-                p = int(past[b])
-                present_k[b, :, p:p + s] = k[b]
-                present_v[b, :, p:p + s] = v[b]
         else:
             present_k = np.zeros((bsz, kvh, present_len, d), dt)
             present_v = np.zeros((bsz, kvh, present_len, d), dt)
@@ -174,10 +252,18 @@ class GroupQueryAttention(Kernel):
                 if p:
                     present_k[b, :, :p] = past_key[b, :, :p]
                     present_v[b, :, :p] = past_value[b, :, :p]
-                present_k[b, :, p:p + s] = k[b]
-                present_v[b, :, p:p + s] = v[b]
 
         alpha = self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d)
+        if cos_c is not None:
+            cos = cos_c[pos][:, None]  # (B, 1, S, rot/2)
+            sin = sin_c[pos][:, None]
+            q = _rope(np.array(q, np.float32), cos, sin, self.interleaved)
+            k = _rope(np.array(k, np.float32), cos, sin, self.interleaved)
+        for b in range(bsz):
+            p = int(past[b])
+            present_k[b, :, p:p + s] = k[b]
+            present_v[b, :, p:p + s] = v[b]
+
         g = h // kvh
         sink = None
         if head_sink is not None:

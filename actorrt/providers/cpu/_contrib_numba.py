@@ -1,14 +1,17 @@
 """Optional numba fast paths of the com.microsoft contrib kernels (MatMulNBits).
 
-The GEMV kernels read the packed 4-bit (or 8-bit) blocks of B directly, one
-output column per parallel iteration, so a decode step streams the quantized
-weight (~bits/8 bytes per weight) instead of a float32 copy (4 bytes per
-weight). Without numba, :data:`HAVE_NUMBA` is False and callers use numpy.
+The kernels read the quantized values of B (one byte per value) directly, so
+a step streams ~1 byte per weight instead of a float32 copy (4 bytes per
+weight): :func:`gemv_q8` for one row of A (decode), :func:`gemm_q8` for more
+(batched decode, prefill), which dequantizes each output column once into an
+L1-resident buffer and reuses it for every row. Without numba,
+:data:`HAVE_NUMBA` is False and callers use numpy.
 
 Shapes (all C-contiguous):
     ``b8``: (N, n_blocks, block_size) uint8 (one quantized value per byte).
     ``scales`` / ``zps``: (N, n_blocks) float32 (zero points as floats).
-    ``a``: (M, n_blocks, block_size) float32; ``asum``: (M, n_blocks) float32.
+    ``a``: (M, n_blocks, block_size) float32 (gemv) or (M, n_blocks *
+    block_size) float32 (gemm); ``asum``: (M, n_blocks) float32.
     ``out``: (M, N) float32.
 """
 
@@ -18,7 +21,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "gemv_q8", "dequant_q8", "num_threads",
+__all__ = ["HAVE_NUMBA", "gemv_q8", "gemm_q8", "gqa_attention", "skip_rms_norm",
+           "num_threads",
            "set_num_threads", "warm_up"]
 
 try:  # numba is optional (the ``genai`` extra)
@@ -61,23 +65,213 @@ if HAVE_NUMBA:
     # small matrices: waking the thread team costs more than it saves
     _gemv_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemv_q8_body)
 
-    # serial: it runs between BLAS calls, whose threads an OpenMP team would fight
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _dequant_row(brow, scales, zps, w, bs):  # pragma: no cover - compiled
+        # w[k] = (q[k] - zp) * scale for one output column (vectorizes: u8 -> f32)
+        for blk in range(scales.shape[0]):
+            s = scales[blk]
+            z = zps[blk] * s
+            base = blk * bs
+            for j in range(bs):
+                w[base + j] = np.float32(brow[base + j]) * s - z
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _dot(w, x):  # pragma: no cover - compiled
+        acc = np.float32(0.0)
+        for k in range(w.shape[0]):
+            acc += w[k] * x[k]
+        return acc
+
     @njit(fastmath=True, nogil=True, cache=True)
-    def _dequant_q8(b8, scales, zps, n0, w):  # pragma: no cover - compiled
-        nb = b8.shape[1]
+    def _dot_2x4(w0, w1, x0, x1, x2, x3):  # pragma: no cover - compiled
+        # two columns x four rows: 8 accumulators, 6 loads per 8 FMAs
+        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
+        for k in range(w0.shape[0]):
+            a0 = x0[k]
+            a1 = x1[k]
+            a2 = x2[k]
+            a3 = x3[k]
+            u = w0[k]
+            v = w1[k]
+            c0 += u * a0
+            c1 += u * a1
+            c2 += u * a2
+            c3 += u * a3
+            d0 += v * a0
+            d1 += v * a1
+            d2 += v * a2
+            d3 += v * a3
+        return c0, c1, c2, c3, d0, d1, d2, d3
+
+    def _gemm_q8_body(a, b8, scales, zps, out, chunks):  # pragma: no cover - compiled
+        # Each chunk of output columns dequantizes one column (K floats, L1) at a
+        # time and reuses it for every row of A: the quantized weight is read
+        # once per call whatever M is, and no float copy of B is ever kept.
+        m_rows = a.shape[0]
+        n_cols = b8.shape[0]
         bs = b8.shape[2]
-        for i in range(w.shape[0]):
-            n = n0 + i
-            for blk in range(nb):
-                s = scales[n, blk]
-                z = zps[n, blk]
-                base = blk * bs
-                for j in range(bs):
-                    w[i, base + j] = (np.float32(b8[n, blk, j]) - z) * s
+        kp = b8.shape[1] * bs
+        bflat = b8.reshape(n_cols, kp)
+        per = (n_cols + chunks - 1) // chunks
+        for c in prange(chunks):
+            w0 = np.empty(kp, np.float32)
+            w1 = np.empty(kp, np.float32)
+            n = c * per
+            end = min(n_cols, n + per)
+            while n + 2 <= end:
+                _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
+                _dequant_row(bflat[n + 1], scales[n + 1], zps[n + 1], w1, bs)
+                m = 0
+                while m + 4 <= m_rows:
+                    r = _dot_2x4(w0, w1, a[m], a[m + 1], a[m + 2], a[m + 3])
+                    out[m, n] = r[0]
+                    out[m + 1, n] = r[1]
+                    out[m + 2, n] = r[2]
+                    out[m + 3, n] = r[3]
+                    out[m, n + 1] = r[4]
+                    out[m + 1, n + 1] = r[5]
+                    out[m + 2, n + 1] = r[6]
+                    out[m + 3, n + 1] = r[7]
+                    m += 4
+                while m < m_rows:
+                    out[m, n] = _dot(w0, a[m])
+                    out[m, n + 1] = _dot(w1, a[m])
+                    m += 1
+                n += 2
+            if n < end:
+                _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
+                for m in range(m_rows):
+                    out[m, n] = _dot(w0, a[m])
+
+    _gemm_q8 = _jit(_gemm_q8_body)
+    _gemm_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemm_q8_body)
+
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _rotate(x, cos, sin, r2, interleaved):  # pragma: no cover - compiled
+        # rotary embedding of x[:2*r2] in place (cos/sin rows of length r2)
+        if interleaved:
+            for i in range(r2):
+                x1 = x[2 * i]
+                x2 = x[2 * i + 1]
+                x[2 * i] = x1 * cos[i] - x2 * sin[i]
+                x[2 * i + 1] = x2 * cos[i] + x1 * sin[i]
+        else:
+            for i in range(r2):
+                x1 = x[i]
+                x2 = x[i + r2]
+                x[i] = x1 * cos[i] - x2 * sin[i]
+                x[i + r2] = x2 * cos[i] + x1 * sin[i]
+
+    def _gqa_body(query, key, value, past_k, past_v, pk, pv, seqlens, total, cos, sin, pos_ids,
+                  h, kvh, packed, copy_past, rotary, has_pos, interleaved, alpha, window,
+                  out):  # pragma: no cover - compiled
+        bsz, s_len, width = query.shape
+        d = width // (h + 2 * kvh) if packed else width // h
+        g = h // kvh
+        r2 = cos.shape[1]
+        cap = pk.shape[2]
+        first = s_len == total
+        past = np.empty(bsz, np.int64)
+        tot = np.empty(bsz, np.int64)
+        t_max = 1
+        for b in range(bsz):
+            tot[b] = seqlens[b] + 1
+            past[b] = 0 if first else tot[b] - s_len
+            if past[b] < 0 or past[b] + s_len > cap:
+                return 1
+            if copy_past and past[b] > past_k.shape[2]:
+                return 2
+            t_max = max(t_max, tot[b])
+        pos = np.empty((bsz, s_len), np.int64)
+        for b in range(bsz):
+            for s in range(s_len):
+                p = pos_ids[b, s] if has_pos else (s if first else past[b] + s)
+                if rotary and (p < 0 or p >= cos.shape[0]):
+                    return 3
+                pos[b, s] = p
+        koff = h * d if packed else 0
+        voff = (h + kvh) * d if packed else 0
+        # 1. copy the cached rows (unless the past buffer is the present one),
+        # rotate the new keys and append them and the values
+        for b in range(bsz):
+            for kh in range(kvh):
+                if copy_past:
+                    for t in range(past[b]):
+                        pk[b, kh, t, :] = past_k[b, kh, t]
+                        pv[b, kh, t, :] = past_v[b, kh, t]
+                for s in range(s_len):
+                    t = past[b] + s
+                    row = pk[b, kh, t]
+                    row[:] = key[b, s, koff + kh * d:koff + (kh + 1) * d]
+                    if rotary:
+                        _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+                    pv[b, kh, t, :] = value[b, s, voff + kh * d:voff + (kh + 1) * d]
+        # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch, head)
+        for bh in prange(bsz * h):
+            b = bh // h
+            hh = bh % h
+            kh = hh // g
+            qrow = np.empty(d, np.float32)
+            acc = np.empty(d, np.float32)
+            sc = np.empty(t_max, np.float32)
+            for s in range(s_len):
+                qrow[:] = query[b, s, hh * d:(hh + 1) * d]
+                if rotary:
+                    _rotate(qrow, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+                causal = past[b] + s + 1
+                hi = min(causal, tot[b])
+                lo = max(0, causal - window) if window > 0 else 0
+                acc[:] = 0.0
+                if hi > lo:
+                    mx = np.float32(-np.inf)
+                    for t in range(lo, hi):
+                        kr = pk[b, kh, t]
+                        dot = np.float32(0.0)
+                        for j in range(d):
+                            dot += qrow[j] * kr[j]
+                        dot *= alpha
+                        sc[t] = dot
+                        mx = max(mx, dot)
+                    den = np.float32(0.0)
+                    for t in range(lo, hi):
+                        e = np.exp(sc[t] - mx)
+                        den += e
+                        vr = pv[b, kh, t]
+                        for j in range(d):
+                            acc[j] += e * vr[j]
+                    inv = np.float32(1.0) / den
+                    for j in range(d):
+                        acc[j] *= inv
+                out[b, s, hh * d:(hh + 1) * d] = acc
+        return 0
+
+    _gqa = _jit(_gqa_body)
+    _gqa_serial = njit(fastmath=True, nogil=True, cache=True)(_gqa_body)
+
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _skip_rms_norm(x, skip, gamma, bias, has_bias, eps, y, inv, ssum):  # pragma: no cover
+        rows, hidden = x.shape
+        for r in range(rows):
+            acc = np.float32(0.0)
+            for j in range(hidden):
+                v = x[r, j] + skip[r, j]
+                if has_bias:
+                    v += bias[j]
+                ssum[r, j] = v
+                acc += v * v
+            iv = np.float32(1.0) / np.sqrt(acc / np.float32(hidden) + eps)
+            inv[r] = iv
+            for j in range(hidden):
+                y[r, j] = ssum[r, j] * iv * gamma[j]
 
 
 #: below this many weights a GEMV runs on one thread (no team wake-up)
 PARALLEL_MIN_WEIGHTS = 1 << 20
+#: below this many multiply-adds (batch x heads x rows x keys x head size)
+#: attention runs on one thread
+GQA_PARALLEL_MIN_WORK = 1 << 18
 
 
 def gemv_q8(a, asum, b8, scales, zps, out) -> None:
@@ -89,9 +283,71 @@ def gemv_q8(a, asum, b8, scales, zps, out) -> None:
         _gemv_q8(a, asum, b8, scales, zps, out)
 
 
-def dequant_q8(b8, scales, zps, n0, w) -> None:
-    """w[i, k] = (q[n0 + i, k] - zp) * scale: float32 rows of B for a GEMM tile."""
-    _dequant_q8(b8, scales, zps, n0, w)
+def gemm_q8(a, b8, scales, zps, out) -> None:
+    """out = a @ dequant(B)^T for M >= 2 rows: a (M, n_blocks * block_size)
+    float32 (zero-padded past K), one byte per q in ``b8``."""
+    work = a.shape[0] * b8.size
+    if work < PARALLEL_MIN_WEIGHTS or b8.shape[0] < 4:
+        _gemm_q8_serial(a, b8, scales, zps, out, 1)
+        return
+    chunks = min(b8.shape[0] // 2, 8 * num_threads())
+    with _LOCK:
+        _gemm_q8(a, b8, scales, zps, out, chunks)
+
+
+def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqlens, total,
+                  cos, sin, pos_ids, *, num_heads: int, kv_num_heads: int, copy_past: bool,
+                  alpha: float, window: int, interleaved: bool) -> tuple[np.ndarray, int]:
+    """Fused com.microsoft GroupQueryAttention (float32; no attention bias,
+    softcap or sink): copy the cached rows when ``present_k`` is not the past
+    buffer, rotate q/k (when ``cos`` is given), append k/v at rows ``P_b + s``,
+    then causal (windowed) softmax attention. Semantics as in
+    :mod:`._contrib_gqa`.
+
+    Shapes: query (B, S, H*D) or packed (B, S, (H + 2*KVH)*D) with key/value
+    ``None``; key/value (B, S, KVH*D); past_k/past_v and present_k/present_v
+    (B, KVH, L, D); seqlens (B,) int; cos/sin (P, rot/2) float32 or ``None``;
+    pos_ids (B, S) int64 or ``None``.
+
+    Returns ``(output (B, S, H*D), status)``: status 0, or 1 when seqlens do
+    not fit the present buffer, 2 when past_k is shorter than seqlens say, 3
+    when a rotary position is outside cos (the caller raises).
+    """
+    bsz, s_len, width = query.shape
+    packed = key is None
+    d = width // (num_heads + 2 * kv_num_heads) if packed else width // num_heads
+    out = np.empty((bsz, s_len, num_heads * d), np.float32)
+    rotary = cos is not None
+    one = _ONE
+    args = (query, query if packed else key, query if packed else value, past_k, past_v,
+            present_k, present_v, seqlens, int(total), one if not rotary else cos,
+            one if not rotary else sin, _NO_POS if pos_ids is None else pos_ids, num_heads,
+            kv_num_heads, packed, copy_past, rotary, pos_ids is not None, interleaved,
+            np.float32(alpha), int(window), out)
+    work = bsz * num_heads * s_len * int(np.max(seqlens, initial=0) + 1) * d
+    if work < GQA_PARALLEL_MIN_WORK or bsz * num_heads < 2:
+        status = _gqa_serial(*args)
+    else:
+        with _LOCK:
+            status = _gqa(*args)
+    return out, status
+
+
+_ONE = np.ones((1, 1), np.float32)
+_NO_POS = np.zeros((1, 1), np.int64)
+
+
+def skip_rms_norm(x, skip, gamma, bias, eps: float):
+    """com.microsoft SkipSimplifiedLayerNormalization in one pass (float32):
+    x/skip (rows, hidden), gamma/bias (hidden,) float32 (bias may be None).
+    Returns (y, inv_std_var (rows,), s = x + skip (+ bias))."""
+    rows, hidden = x.shape
+    y = np.empty((rows, hidden), np.float32)
+    ssum = np.empty((rows, hidden), np.float32)
+    inv = np.empty(rows, np.float32)
+    _skip_rms_norm(x, skip, gamma, gamma if bias is None else bias, bias is not None,
+                   np.float32(eps), y, inv, ssum)
+    return y, inv, ssum
 
 
 def num_threads() -> int:
@@ -119,5 +375,16 @@ def warm_up() -> None:
     a1, s1 = np.zeros((1, 1, 16), f32), np.zeros((1, 1), f32)
     _gemv_q8(a1, s1, b8, sc, zp, out)
     _gemv_q8_serial(a1, s1, b8, sc, zp, out)
-    dequant_q8(b8, sc, zp, 0, np.zeros((2, 16), f32))
+    a5 = np.zeros((5, 16), f32)
+    out5 = np.zeros((5, 2), f32)
+    _gemm_q8(a5, b8, sc, zp, out5, 1)
+    _gemm_q8_serial(a5, b8, sc, zp, out5, 1)
+    q = np.zeros((1, 1, 16), f32)
+    cache = np.zeros((1, 1, 2, 4), f32)
+    cs = np.ones((2, 2), f32)
+    r = np.ones((1, 4), f32)
+    skip_rms_norm(r, r, r[0], None, 1e-5)
+    for fn in (_gqa, _gqa_serial):  # packed QKV, rotary, shared past/present buffer
+        fn(q, q, q, cache, cache, cache, cache, np.zeros(1, np.int32), 1, cs, cs, _NO_POS, 2, 1,
+           True, False, True, False, False, f32(1.0), 0, np.zeros((1, 1, 8), f32))
     _WARM = True

@@ -5,9 +5,9 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
 
 * numba present: B is kept as one byte per quantized value (N, n_blocks,
   block_size) uint8 (4- and 2-bit weights unpacked once) next to float32
-  scales and zero points (N, n_blocks); a GEMV reads those bytes for up to
-  :data:`GEMV_MAX_ROWS` rows of A (decode). Bigger batches (prefill, batched
-  decode) use a float32 copy dequantized once on first such use, one BLAS call.
+  scales and zero points (N, n_blocks); the kernels read those bytes for any
+  number of rows of A (a GEMV for decode, a GEMM that dequantizes one column
+  at a time into L1 for batched decode and prefill). No float32 copy of B.
 * numba absent: B is dequantized once to a float32 (N, K) matrix and every call
   is one BLAS product.
 """
@@ -15,8 +15,6 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
 from __future__ import annotations
 
 from typing import Any, Mapping
-
-import threading
 
 import attrs
 import ml_dtypes
@@ -80,8 +78,6 @@ class PackedNBits:
     zps: np.ndarray | None = None
     w: np.ndarray | None = None
     empty: bool = False
-    #: lazily built float32 (N, K) weight for batched rows (see matmul_nbits_numba)
-    cache: dict = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def n_blocks(self) -> int:
@@ -134,44 +130,23 @@ def _split_blocks(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(m, p.n_blocks, p.block_size)
 
 
-_FLOAT_LOCK = threading.Lock()
-
-
-def _float_weight(p: PackedNBits) -> np.ndarray:
-    """The float32 (N, K) weight, dequantized once on first use by a batch of
-    more than :data:`GEMV_MAX_ROWS` rows (prefill, batched decode) and then
-    shared: a batched step is one BLAS product, never a per-step dequantization."""
-    w = p.cache.get("w")
-    if w is None:
-        with _FLOAT_LOCK:
-            w = p.cache.get("w")
-            if w is None:
-                full = np.empty((p.n, p.n_blocks * p.block_size), np.float32)
-                _nb.dequant_q8(p.q, p.scales, p.zps, 0, full)
-                w = p.cache["w"] = full[:, :p.k]
-    return w
-
-
 def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
-    """(M, K) float32 @ packed B -> (M, N) float32 with the numba kernels."""
+    """(M, K) float32 @ packed B -> (M, N) float32 with the numba kernels: the
+    fused GEMV for one row, the column-dequantizing GEMM for more. Neither keeps
+    a float copy of B."""
     m = a.shape[0]
     out = np.empty((m, p.n), np.float32)
-    if m <= GEMV_MAX_ROWS:
-        ab = _split_blocks(a, p)
-        asum = ab.sum(axis=2)
-        _nb.gemv_q8(ab, asum, p.q, p.scales, p.zps, out)
-        return out
-    np.matmul(a, _float_weight(p).T, out=out)
+    ab = _split_blocks(a, p)
+    if m == 1:
+        _nb.gemv_q8(ab, ab.sum(axis=2), p.q, p.scales, p.zps, out)
+    else:
+        _nb.gemm_q8(ab.reshape(m, -1), p.q, p.scales, p.zps, out)
     return out
 
 
 def matmul_nbits_numpy(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     """(M, K) float32 @ dequantized B -> (M, N) float32."""
     return a @ p.w.T
-
-
-#: MatMulNBits uses the numba GEMV for at most this many rows of A.
-GEMV_MAX_ROWS = 2
 
 
 @cpu_kernel("MatMulNBits", domain=MS)

@@ -14,6 +14,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from . import _contrib_numba as _nb
 from .registry import cpu_kernel
 
 MS = "com.microsoft"
@@ -119,6 +120,18 @@ def _stats_shape(x: np.ndarray) -> tuple[int, ...]:
 def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, *, epsilon=1e-12):
     """com.microsoft SkipSimplifiedLayerNormalization: s = input + skip (+ bias);
     outputs (RMSNorm(s) * gamma, mean (zeros, unused), inv_std_var, s)."""
+    f32 = np.float32
+    if (_nb.HAVE_NUMBA and input.dtype == f32 and skip.shape == input.shape
+            and skip.dtype == f32 and gamma.dtype == f32 and gamma.shape == input.shape[-1:]
+            and (bias is None or (bias.dtype == f32 and bias.shape == gamma.shape))):
+        hidden = input.shape[-1]
+        y, inv, s = _nb.skip_rms_norm(
+            np.ascontiguousarray(input).reshape(-1, hidden),
+            np.ascontiguousarray(skip).reshape(-1, hidden), np.ascontiguousarray(gamma),
+            None if bias is None else np.ascontiguousarray(bias), epsilon)
+        shp = _stats_shape(input)
+        return (y.reshape(input.shape), np.zeros(shp, f32), inv.reshape(shp),
+                s.reshape(input.shape))
     s = _skip_sum(input, skip, bias)
     inv = _rms(s, (-1,), epsilon)
     y = (s * inv) * _f32(gamma)

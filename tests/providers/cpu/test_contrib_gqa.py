@@ -4,10 +4,22 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from actorrt.providers.cpu import _contrib_numba as nbk
 from tests.oracle import assert_close, run_actorrt, run_onnxruntime
 
 NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
          "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink"]
+
+
+@pytest.fixture(autouse=True, params=["fused", "numpy"])
+def kernel_path(request, monkeypatch):
+    """Every case runs on both kernels: the numba one (rotary, append and
+    attention fused) and the numpy one."""
+    if request.param == "fused" and not nbk.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    if request.param == "numpy":
+        monkeypatch.setattr(nbk, "HAVE_NUMBA", False)
+    return request.param
 
 
 def gqa_model(feeds, **attrs):
@@ -92,6 +104,14 @@ def test_single_token_prompt_and_window_decode():
           local_window_size=3, softcap=3.0)
 
 
+def test_large_batch_runs_the_parallel_kernel():
+    # batch x heads x rows x keys x head size >= GQA_PARALLEL_MIN_WORK
+    rng = np.random.default_rng(12)
+    assert 8 * 4 * 1 * 128 * 64 >= nbk.GQA_PARALLEL_MIN_WORK
+    check(case(rng, b=8, s=1, past=128, seqlens=[127, 60, 3, 90, 100, 10, 127, 50], total=128,
+               d=64, rotary=True, max_pos=128), do_rotary=1)
+
+
 def test_batched_decode_different_lengths():
     rng = np.random.default_rng(3)
     check(case(rng, b=2, s=1, past=6, seqlens=[6, 2], total=7, rotary=True), do_rotary=1)
@@ -134,3 +154,27 @@ def test_float16():
     check(case(rng, s=4, seqlens=[3], total=4, rotary=True, dtype=np.float16), do_rotary=1,
           rtol=2e-2, atol=2e-2)
     check(case(rng, s=1, past=4, seqlens=[4], total=5, dtype=np.float16), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("what", ["seqlens", "positions", "key"])
+def test_bad_inputs_raise_kernel_error(what):
+    """Both kernels reject inputs that do not fit, naming the node; the fused
+    one checks before touching the (possibly donated) cache."""
+    import actorrt
+    rng = np.random.default_rng(11)
+    feeds = case(rng, b=2, s=1, past=4, seqlens=[4, 2], total=5, rotary=True, max_pos=8)
+    if what == "seqlens":
+        feeds["seqlens_k"] = np.asarray([9, 2], np.int32)  # row 9 outside a length-9 present
+        feeds["total_sequence_length"] = np.asarray(9, np.int32)
+        feeds["past_key"] = feeds["past_key"][:, :, :3]
+        feeds["past_value"] = feeds["past_value"][:, :, :3]
+        msg = "do not fit|shorter"
+    elif what == "positions":  # position 8 >= 8 cos rows
+        feeds = case(rng, b=2, s=1, past=8, seqlens=[8, 2], total=9, rotary=True, max_pos=8)
+        msg = "exceed cos_cache"
+    else:
+        feeds["key"] = feeds["key"][:, :, :-1].copy()
+        msg = "key|shape|broadcast"
+    m = gqa_model(feeds, num_heads=4, kv_num_heads=2, do_rotary=1)
+    with pytest.raises(actorrt.KernelError, match=msg):
+        run_actorrt(m, feeds)

@@ -106,10 +106,12 @@ def test_matmulnbits_empty_projection():
 
 @pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
 @pytest.mark.parametrize("bits", [2, 4, 8])
-@pytest.mark.parametrize("m", [1, 4, 5, 9])
-def test_numba_matches_numpy(bits, m):
+@pytest.mark.parametrize("m,n", [(1, 50), (2, 51), (4, 50), (5, 3), (9, 51), (16, 130)])
+def test_numba_matches_numpy(bits, m, n):
+    # odd N and M exercise the kernels' remainder paths; (16, 130) runs the
+    # parallel GEMM (M * N * K above the serial threshold)
     rng = np.random.default_rng(bits + m)
-    k, n, bs = 200, 50, 64
+    k, bs = 200 if m < 16 else 520, 64
     b, s, zp = quantized(rng, n, k, bits, bs, "packed")
     a = rng.standard_normal((m, k)).astype(np.float32)
     pn = cq.pack_nbits(b, s, zp, k=k, n=n, bits=bits, block_size=bs, use_numba=False)

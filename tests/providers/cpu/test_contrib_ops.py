@@ -36,8 +36,14 @@ def test_gelu_tails():
     ort("QuickGelu", {"x": x * 10})
 
 
+@pytest.mark.parametrize("path", ["numba", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_skip_simplified_layer_norm(dtype):
+def test_skip_simplified_layer_norm(dtype, path, monkeypatch):
+    from actorrt.providers.cpu import _contrib_numba as nbk
+    if path == "numba" and not nbk.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    if path == "numpy":
+        monkeypatch.setattr(nbk, "HAVE_NUMBA", False)
     x, s, g, b = (a.astype(dtype) for a in (X, X[::-1].copy(), GAMMA, BIAS))
     tol = 1e-5 if dtype == np.float32 else 1e-2
     ort("SkipSimplifiedLayerNormalization", {"x": x, "s": s, "g": g}, ("y", "m", "i", "sum"),

@@ -90,6 +90,8 @@ class EngineStatistics:
         decode_tokens: tokens produced by decode steps (first tokens come from
             prefill and are not counted); decode_time_s: wall seconds spent in
             decode steps (batched model run + sampling, prefill excluded).
+        prefill_runs: model runs spent on prompts (several short prompts that
+            arrive together share one run).
     """
 
     active: int
@@ -102,6 +104,7 @@ class EngineStatistics:
     batch_histogram: dict[int, int]
     decode_tokens: int = 0
     decode_time_s: float = 0.0
+    prefill_runs: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -200,6 +203,7 @@ class Engine:
         self._steps = 0
         self._decode_tokens = 0
         self._decode_time = 0.0
+        self._prefill_runs = 0
         self._hist: dict[int, int] = {}
         self._t_start: float | None = None
         self._closed = False
@@ -297,7 +301,8 @@ class Engine:
         return EngineStatistics(active, len(self._waiting) + self._inbox.statistics().current_buffer_used,
                                 self._completed, self._tokens,
                                 self._tokens / el if el > 0 else 0.0, self._kv_bytes, self._steps,
-                                dict(self._hist), self._decode_tokens, self._decode_time)
+                                dict(self._hist), self._decode_tokens, self._decode_time,
+                                self._prefill_runs)
 
     # ---------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -317,7 +322,11 @@ class Engine:
             if self._t_start is None:
                 self._t_start = time.perf_counter()
             if self._prefilling:
-                await self._prefill_step(self._prefilling[0])
+                group = self._prefill_group()
+                if len(group) > 1:
+                    await self._prefill_batch(group)
+                else:
+                    await self._prefill_step(self._prefilling[0])
             self._reap()
             if self._decoding:
                 await self._decode_step()
@@ -399,6 +408,7 @@ class Engine:
         ids = np.asarray([chunk], np.int64)
         mask = np.ones((1, req.length + len(chunk)), np.int64)
         logits, kv = await self._model(self._feeds(ids, mask, req.kv))
+        self._prefill_runs += 1
         if req.cancelled:
             return
         req.kv = kv
@@ -412,6 +422,47 @@ class Engine:
         self._emit(req, req.sampler(logits[0, -1], req.prompt))
         if not req.done:
             self._decoding.append(req)
+
+    def _prefill_group(self) -> list[_Request]:
+        """Newcomers whose whole prompt fits one chunk are prefilled together:
+        one right-padded run of at most ``prefill_chunk`` token rows (padding
+        included), so a burst of short prompts costs one weight pass and its
+        requests join the decode batch at the same step."""
+        group: list[_Request] = []
+        longest = 0
+        for r in self._prefilling:
+            n = len(r.prompt)
+            if r.prefilled or r.kv is not None or n > self.prefill_chunk:
+                break
+            if (len(group) + 1) * max(longest, n) > self.prefill_chunk:
+                break
+            group.append(r)
+            longest = max(longest, n)
+        return group
+
+    async def _prefill_batch(self, group: list[_Request]) -> None:
+        s = max(len(r.prompt) for r in group)
+        ids = np.zeros((len(group), s), np.int64)
+        mask = np.zeros((len(group), s), np.int64)
+        for b, r in enumerate(group):
+            ids[b, :len(r.prompt)] = r.prompt
+            mask[b, :len(r.prompt)] = 1
+        # no past: each row's present holds its prompt, then padding rows
+        logits, kv = await self._model(self._feeds(ids, mask, self._empty_kv(len(group), 0)))
+        self._prefill_runs += 1
+        now = time.perf_counter()
+        for b, r in enumerate(group):
+            if r.cancelled:
+                continue  # reaped at the next step boundary
+            n = len(r.prompt)
+            r.kv = [a[b:b + 1] for a in kv]  # read once by _rebuild_batch
+            r.length = r.prefilled = n
+            self._prefilling.remove(r)
+            r.t_first = now
+            self._emit(r, r.sampler(logits[b, n - 1], r.prompt))
+            if not r.done:
+                self._decoding.append(r)
+        self._set_kv_bytes()
 
     def _capacity(self, req: _Request) -> int:
         return min(len(req.prompt) + req.params.max_new_tokens, self.context)

@@ -120,6 +120,7 @@ async def test_eight_concurrent_greedy_requests_equal_their_solo_runs(model_dir)
         assert a.token_ids == b.token_ids
         assert a.text == b.text
     assert max(st.batch_histogram) > 1  # decode steps really were batched
+    assert st.prefill_runs < 16  # the short prompts arriving together shared prefill runs
 
 
 async def test_kv_budget_queues_fifo_and_rejects_what_never_fits(model_dir):

@@ -4,7 +4,7 @@
   [--compare-ort] [--placement] [--trace out.json] [--fallback]``
 * ``actorrt generate PROMPT [--model smollm2|PATH] [--max-new-tokens N] [--greedy |
   --temperature T --top-p P --top-k K] [--seed S] [--chat] [--stats]``
-* ``actorrt bench decode --concurrency 1,2,4,8,16``
+* ``actorrt bench decode [--concurrency 1,2,4,8,16] [--max-new-tokens N] [--rounds R]``
 """
 
 from __future__ import annotations
@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--model", default="smollm2")
     bd.add_argument("--concurrency", default="1,2,4,8,16")
     bd.add_argument("--max-new-tokens", type=int, default=64)
+    bd.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds over the levels; medians are printed")
     bd.set_defaults(func=_cmd_bench)
     return ap
 

@@ -53,13 +53,14 @@ def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[f
     return len(ids) / (t_first - t0), new_tokens / (t_end - t_first)
 
 
-async def ours(folder, new_tokens: int, levels: list[int]):
+async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int):
     async with open_engine(folder, max_batch=max(levels)) as engine:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         single = await engine.generate(PROMPT, params)
-        curve = await concurrency_curve(engine, levels, min(new_tokens, 64))
-        return single, len(engine.encode_prompt(PROMPT)), curve
+        rounds = [await concurrency_curve(engine, levels, min(new_tokens, 64))
+                  for _ in range(rounds_n)]
+        return single, len(engine.encode_prompt(PROMPT)), rounds
 
 
 def main() -> None:
@@ -68,10 +69,12 @@ def main() -> None:
     ap.add_argument("--ort-tokens", type=int, default=8,
                     help="onnxruntime is slow on float zero points: time fewer tokens")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the concurrency curve (medians printed)")
     args = ap.parse_args()
     folder = prepare_model("smollm2")
     levels = [int(x) for x in args.concurrency.split(",")]
-    single, n_prompt, curve = trio.run(ours, folder, args.new_tokens, levels)
+    single, n_prompt, curve = trio.run(ours, folder, args.new_tokens, levels, max(1, args.rounds))
     from actorrt.genai.tokenizer import load_tokenizer
     ids = load_tokenizer(folder).encode(PROMPT)
     ort_prompt, ort_decode = ort_greedy(folder, ids, args.ort_tokens, threads=2)

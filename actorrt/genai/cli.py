@@ -112,14 +112,33 @@ async def concurrency_curve(engine, levels, new_tokens: int) -> list[tuple[int, 
     return curve
 
 
-def print_curve(curve) -> None:
-    """The concurrency curve as a table, ratios against the first level."""
+def median_curve(rounds: list[list[tuple[int, float, float, float]]]):
+    """Per level, the median over interleaved rounds of each column, and per
+    level the median of the per-round ratios against the first level (this
+    machine's speed drifts between rounds; a ratio within one round does not)."""
+    import statistics
+
+    curve, ratios = [], []
+    for i, (n, *_rest) in enumerate(rounds[0]):
+        cols = list(zip(*(r[i] for r in rounds)))
+        curve.append((n, *(statistics.median(c) for c in cols[1:])))
+        ratios.append((statistics.median(r[i][1] / r[0][1] for r in rounds),
+                       statistics.median(r[i][3] / r[0][3] for r in rounds),
+                       [r[i][1] / r[0][1] for r in rounds]))
+    return curve, ratios
+
+
+def print_curve(rounds: list[list[tuple[int, float, float, float]]]) -> None:
+    """The concurrency curve as a table: medians over rounds, ratios against
+    the first level (median of the per-round ratios; every round's decode
+    ratio in brackets)."""
+    curve, ratios = median_curve(rounds)
     print(f"{'streams':>8} {'decode tok/s':>13} {'ratio':>6} {'per-stream':>11} "
-          f"{'end-to-end tok/s':>17} {'ratio':>6}")
-    base, base_e2e = curve[0][1], curve[0][3]
-    for n, dec, per, e2e in curve:
-        print(f"{n:>8} {dec:>13.1f} {dec / base:>6.2f} {per:>11.1f} {e2e:>17.1f} "
-              f"{e2e / base_e2e:>6.2f}")
+          f"{'end-to-end tok/s':>17} {'ratio':>6}   decode ratio per round")
+    for (n, dec, per, e2e), (r_dec, r_e2e, each) in zip(curve, ratios):
+        rounds_txt = ", ".join(f"{x:.2f}" for x in each)
+        print(f"{n:>8} {dec:>13.1f} {r_dec:>6.2f} {per:>11.1f} {e2e:>17.1f} "
+              f"{r_e2e:>6.2f}   [{rounds_txt}]")
 
 
 def bench_decode_main(args: argparse.Namespace) -> int:
@@ -132,7 +151,8 @@ def bench_decode_main(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with open_engine(args.model, max_batch=max(levels)) as engine:
             await engine.generate(BENCH_PROMPTS[0], SamplingParams(max_new_tokens=4))  # warm up
-            curve = await concurrency_curve(engine, levels, args.max_new_tokens)
-        print_curve(curve)
+            rounds = [await concurrency_curve(engine, levels, args.max_new_tokens)
+                      for _ in range(max(1, args.rounds))]
+        print_curve(rounds)
 
     return _run_reporting(main)

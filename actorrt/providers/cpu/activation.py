@@ -24,13 +24,24 @@ from .registry import cpu_kernel
 
 __all__ = ["sigmoid"]
 
+_FAST_SIGMOID = (np.dtype(np.float32), np.dtype(np.float64))
+
 
 def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-x)) without overflow: exp(-|x|) is always in (0, 1]."""
+    """1 / (1 + exp(-x)). For float32/float64 arrays four in-place passes: where
+    exp(-x) overflows (x below about -88.7 / -709.8) the result is 0, and the
+    overflow is not reported (the exact value there is below the smallest
+    normal float, ~1e-38 / 1e-308). Otherwise exp(-|x|), which never overflows."""
+    if isinstance(x, np.ndarray) and x.dtype in _FAST_SIGMOID and x.ndim:
+        y = np.negative(x)
+        with np.errstate(over="ignore"):
+            np.exp(y, out=y)
+        y += x.dtype.type(1)
+        return np.reciprocal(y, out=y)
     e = np.abs(x)
     e = np.negative(e, out=e) if isinstance(e, np.ndarray) else -e
     e = np.exp(e)

@@ -163,9 +163,44 @@ if HAVE_NUMBA:
                 x[i] = x1 * cos[i] - x2 * sin[i]
                 x[i + r2] = x2 * cos[i] + x1 * sin[i]
 
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _attend_rows(query, pk, pv, cos, sin, pos, past, tot, b, hh, kh, d, s_len, r2, rotary,
+                 interleaved, alpha, window, qrow, acc, sc, out):  # pragma: no cover
+        # causal (windowed) softmax(alpha * q.K^T) V for every query row of (b, hh)
+        for s in range(s_len):
+            qrow[:] = query[b, s, hh * d:(hh + 1) * d]
+            if rotary:
+                _rotate(qrow, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+            causal = past[b] + s + 1
+            hi = min(causal, tot[b])
+            lo = max(0, causal - window) if window > 0 else 0
+            acc[:] = 0.0
+            if hi > lo:
+                mx = np.float32(-np.inf)
+                for t in range(lo, hi):
+                    kr = pk[b, kh, t]
+                    dot = np.float32(0.0)
+                    for j in range(d):
+                        dot += qrow[j] * kr[j]
+                    dot *= alpha
+                    sc[t] = dot
+                    mx = max(mx, dot)
+                den = np.float32(0.0)
+                for t in range(lo, hi):
+                    e = np.exp(sc[t] - mx)
+                    den += e
+                    vr = pv[b, kh, t]
+                    for j in range(d):
+                        acc[j] += e * vr[j]
+                inv = np.float32(1.0) / den
+                for j in range(d):
+                    acc[j] *= inv
+            out[b, s, hh * d:(hh + 1) * d] = acc
+
+
     def _gqa_body(query, key, value, past_k, past_v, pk, pv, seqlens, total, cos, sin, pos_ids,
                   h, kvh, packed, copy_past, rotary, has_pos, interleaved, alpha, window,
-                  out):  # pragma: no cover - compiled
+                  out, chunks):  # pragma: no cover - compiled
         bsz, s_len, width = query.shape
         d = width // (h + 2 * kvh) if packed else width // h
         g = h // kvh
@@ -208,42 +243,16 @@ if HAVE_NUMBA:
                         _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
                     pv[b, kh, t, :] = value[b, s, voff + kh * d:voff + (kh + 1) * d]
         # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch, head)
-        for bh in prange(bsz * h):
-            b = bh // h
-            hh = bh % h
-            kh = hh // g
+        pairs = bsz * h
+        per = (pairs + chunks - 1) // chunks
+        for c in prange(chunks):
             qrow = np.empty(d, np.float32)
             acc = np.empty(d, np.float32)
             sc = np.empty(t_max, np.float32)
-            for s in range(s_len):
-                qrow[:] = query[b, s, hh * d:(hh + 1) * d]
-                if rotary:
-                    _rotate(qrow, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
-                causal = past[b] + s + 1
-                hi = min(causal, tot[b])
-                lo = max(0, causal - window) if window > 0 else 0
-                acc[:] = 0.0
-                if hi > lo:
-                    mx = np.float32(-np.inf)
-                    for t in range(lo, hi):
-                        kr = pk[b, kh, t]
-                        dot = np.float32(0.0)
-                        for j in range(d):
-                            dot += qrow[j] * kr[j]
-                        dot *= alpha
-                        sc[t] = dot
-                        mx = max(mx, dot)
-                    den = np.float32(0.0)
-                    for t in range(lo, hi):
-                        e = np.exp(sc[t] - mx)
-                        den += e
-                        vr = pv[b, kh, t]
-                        for j in range(d):
-                            acc[j] += e * vr[j]
-                    inv = np.float32(1.0) / den
-                    for j in range(d):
-                        acc[j] *= inv
-                out[b, s, hh * d:(hh + 1) * d] = acc
+            for bh in range(c * per, min(pairs, (c + 1) * per)):
+                _attend_rows(query, pk, pv, cos, sin, pos, past, tot, bh // h, bh % h,
+                             (bh % h) // g, d, s_len, r2, rotary, interleaved, alpha, window,
+                             qrow, acc, sc, out)
         return 0
 
     _gqa = _jit(_gqa_body)
@@ -271,7 +280,7 @@ if HAVE_NUMBA:
 PARALLEL_MIN_WEIGHTS = 1 << 20
 #: below this many multiply-adds (batch x heads x rows x keys x head size)
 #: attention runs on one thread
-GQA_PARALLEL_MIN_WORK = 1 << 18
+GQA_PARALLEL_MIN_WORK = 1 << 16
 
 
 def gemv_q8(a, asum, b8, scales, zps, out) -> None:
@@ -326,10 +335,10 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
             np.float32(alpha), int(window), out)
     work = bsz * num_heads * s_len * int(np.max(seqlens, initial=0) + 1) * d
     if work < GQA_PARALLEL_MIN_WORK or bsz * num_heads < 2:
-        status = _gqa_serial(*args)
+        status = _gqa_serial(*args, 1)
     else:
         with _LOCK:
-            status = _gqa(*args)
+            status = _gqa(*args, min(bsz * num_heads, 4 * num_threads()))
     return out, status
 
 
@@ -386,5 +395,5 @@ def warm_up() -> None:
     skip_rms_norm(r, r, r[0], None, 1e-5)
     for fn in (_gqa, _gqa_serial):  # packed QKV, rotary, shared past/present buffer
         fn(q, q, q, cache, cache, cache, cache, np.zeros(1, np.int32), 1, cs, cs, _NO_POS, 2, 1,
-           True, False, True, False, False, f32(1.0), 0, np.zeros((1, 1, 8), f32))
+           True, False, True, False, False, f32(1.0), 0, np.zeros((1, 1, 8), f32), 1)
     _WARM = True

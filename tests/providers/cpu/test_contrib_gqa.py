@@ -107,7 +107,7 @@ def test_single_token_prompt_and_window_decode():
 def test_large_batch_runs_the_parallel_kernel():
     # batch x heads x rows x keys x head size >= GQA_PARALLEL_MIN_WORK
     rng = np.random.default_rng(12)
-    assert 8 * 4 * 1 * 128 * 64 >= nbk.GQA_PARALLEL_MIN_WORK
+    assert 8 * 4 * 1 * 128 * 64 >= nbk.GQA_PARALLEL_MIN_WORK  # also > serial-size cases above
     check(case(rng, b=8, s=1, past=128, seqlens=[127, 60, 3, 90, 100, 10, 127, 50], total=128,
                d=64, rotary=True, max_pos=128), do_rotary=1)
 

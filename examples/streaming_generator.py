@@ -23,5 +23,18 @@ async def main(prompt: str) -> None:
         print(f"[{st.tokens_generated} tokens, {st.tokens_per_s:.1f} tok/s]", file=sys.stderr)
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, possibly wrapped in trio's exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[0] is not None
+    return isinstance(exc, KeyboardInterrupt)
+
+
 if __name__ == "__main__":
-    trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "Once upon a time")
+    try:
+        trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "Once upon a time")
+    except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here
+        if not interrupted(exc):
+            raise
+        print("\n[interrupted]", file=sys.stderr)
+        sys.exit(130)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from actorrt.cli import main
 
@@ -43,3 +44,29 @@ def test_run_with_input_files_and_bad_model(tmp_path, capsys):
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
     assert main(["run", str(tmp_path / "bad.onnx")]) == 2
     assert "cannot parse" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--temperature", "nan"], "temperature must be a finite number"),
+    (["--temperature", "0.8", "--seed", "-1"], "seed must be"),
+    (["--top-k", "50", "--seed", "5"], "only apply when sampling"),
+    (["--greedy", "--temperature", "0.9"], "contradict"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+])
+def test_generate_rejects_bad_flags_before_loading_a_model(argv, msg, capsys):
+    # the model name does not exist: reaching it would be a different error
+    assert main(["generate", "Hi", "--model", "/nonexistent.gguf", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and msg in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--concurrency", "a"], "--concurrency"),
+    (["--concurrency", "0,2"], "--concurrency"),
+    (["--max-new-tokens", "1"], "--max-new-tokens"),
+    (["--rounds", "0"], "--rounds"),
+])
+def test_bench_decode_rejects_bad_numbers(argv, msg, capsys):
+    assert main(["bench", "decode", "--model", "/nonexistent.gguf", *argv]) == 2
+    assert msg in capsys.readouterr().err

@@ -12,12 +12,28 @@ __all__ = ["generate_main", "bench_decode_main"]
 
 
 def _params(args: argparse.Namespace):
+    """SamplingParams from the flags; sampling-only flags without a sampling
+    temperature are an error rather than silently ignored.
+
+    Raises:
+        GenerationError: conflicting or out-of-range flags.
+    """
+    from .._errors import GenerationError
     from .sampling import SamplingParams
 
-    greedy = args.greedy or args.temperature in (None, 0.0)
+    sampling = args.temperature not in (None, 0.0)
+    if args.greedy and sampling:
+        raise GenerationError("--greedy and --temperature > 0 contradict each other")
+    if not sampling:
+        given = [f for f, v in (("--top-k", args.top_k), ("--top-p", args.top_p),
+                                ("--seed", args.seed)) if v is not None]
+        if given:
+            raise GenerationError(f"{', '.join(given)} only apply when sampling: add "
+                                  f"--temperature T (> 0); the default is greedy")
     return SamplingParams(max_new_tokens=args.max_new_tokens,
-                          temperature=0.0 if greedy else args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+                          temperature=args.temperature if sampling else 0.0,
+                          top_k=args.top_k or 0,
+                          top_p=1.0 if args.top_p is None else args.top_p, seed=args.seed)
 
 
 def generate_main(args: argparse.Namespace) -> int:
@@ -62,13 +78,17 @@ def _run_reporting(main) -> int:
         trio.run(main)
     except BaseException as exc:  # noqa: BLE001 - classified below, others re-raised
         leaves = leaf_exceptions(exc)
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+            # Ctrl-C: whatever else unwound with it is a consequence
             sys.stdout.write("\n")
+            sys.stdout.flush()
             print("interrupted", file=sys.stderr)
             return 130
         errors = [e for e in leaves if isinstance(e, ActorRTError)]
-        if errors and all(isinstance(e, (ActorRTError, KeyboardInterrupt)) for e in leaves):
-            print(f"\nerror: {errors[0]}", file=sys.stderr)
+        if errors and all(isinstance(e, ActorRTError) for e in leaves):
+            sys.stdout.write("\n")  # end the partly written line on stdout
+            sys.stdout.flush()
+            print(f"error: {errors[0]}", file=sys.stderr)
             return 1
         raise
     return 0
@@ -112,6 +132,10 @@ async def concurrency_curve(engine, levels, new_tokens: int) -> list[tuple[int, 
     return curve
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
 def median_curve(rounds: list[list[tuple[int, float, float, float]]]):
     """Per level, the median over interleaved rounds of each column, and per
     level the median of the per-round ratios against the first level (this
@@ -122,9 +146,9 @@ def median_curve(rounds: list[list[tuple[int, float, float, float]]]):
     for i, (n, *_rest) in enumerate(rounds[0]):
         cols = list(zip(*(r[i] for r in rounds)))
         curve.append((n, *(statistics.median(c) for c in cols[1:])))
-        ratios.append((statistics.median(r[i][1] / r[0][1] for r in rounds),
-                       statistics.median(r[i][3] / r[0][3] for r in rounds),
-                       [r[i][1] / r[0][1] for r in rounds]))
+        each = [_ratio(r[i][1], r[0][1]) for r in rounds]
+        ratios.append((statistics.median(each),
+                       statistics.median(_ratio(r[i][3], r[0][3]) for r in rounds), each))
     return curve, ratios
 
 
@@ -146,13 +170,27 @@ def bench_decode_main(args: argparse.Namespace) -> int:
     from .engine import open_engine
     from .sampling import SamplingParams
 
-    levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    try:
+        levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        print(f"error: --concurrency must be positive integers separated by commas, got "
+              f"{args.concurrency!r}", file=sys.stderr)
+        return 2
+    if args.max_new_tokens < 2:
+        print("error: --max-new-tokens must be >= 2 (the first token of each stream comes "
+              "from prefill, not from a decode step)", file=sys.stderr)
+        return 2
+    if args.rounds < 1:
+        print(f"error: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         async with open_engine(args.model, max_batch=max(levels)) as engine:
             await engine.generate(BENCH_PROMPTS[0], SamplingParams(max_new_tokens=4))  # warm up
             rounds = [await concurrency_curve(engine, levels, args.max_new_tokens)
-                      for _ in range(max(1, args.rounds))]
+                      for _ in range(args.rounds)]
         print_curve(rounds)
 
     return _run_reporting(main)

@@ -419,7 +419,7 @@ class Engine:
             return
         self._prefilling.popleft()
         req.t_first = time.perf_counter()
-        self._emit(req, req.sampler(logits[0, -1], req.prompt))
+        self._emit(req, self._sample(req, logits[0, -1], req.prompt))
         if not req.done:
             self._decoding.append(req)
 
@@ -459,7 +459,7 @@ class Engine:
             r.length = r.prefilled = n
             self._prefilling.remove(r)
             r.t_first = now
-            self._emit(r, r.sampler(logits[b, n - 1], r.prompt))
+            self._emit(r, self._sample(r, logits[b, n - 1], r.prompt))
             if not r.done:
                 self._decoding.append(r)
         self._set_kv_bytes()
@@ -504,12 +504,44 @@ class Engine:
             r.length += 1
             if r.cancelled:
                 continue
-            self._emit(r, r.sampler(logits[b, -1], r.prompt + r.generated))
+            self._emit(r, self._sample(r, logits[b, -1], r.prompt + r.generated))
             self._decode_tokens += 1
         self._set_kv_bytes()
         self._decode_time += time.perf_counter() - t0
 
-    def _emit(self, req: _Request, tid: int) -> None:
+    def _sample(self, req: _Request, row: np.ndarray, history: list[int]) -> int | None:
+        """The request's next token, or None after failing only that request
+        (an error in one request's sampling never stops the engine)."""
+        try:
+            return req.sampler(row, history)
+        except Exception as exc:  # noqa: BLE001 - reported to the request's caller
+            self._fail(req, GenerationError(f"sampling the next token failed: "
+                                            f"{type(exc).__name__}: {exc}"))
+            return None
+
+    def _send(self, req: _Request, item: Any) -> None:
+        """Deliver to the request's reader; a reader that has gone away (stream
+        closed, task cancelled) cancels the request instead of raising."""
+        try:
+            req.send.send_nowait(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            req.cancelled = True
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        if req.done:
+            return
+        req.done = True
+        self._completed += 1
+        self._reserved -= req.reserved if req.t_admit else 0
+        req.kv = None
+        self._send(req, exc)
+        req.send.close()
+        if req in self._prefilling:
+            self._prefilling.remove(req)
+
+    def _emit(self, req: _Request, tid: int | None) -> None:
+        if tid is None:  # sampling failed: the request is finished with its error
+            return
         now = time.perf_counter()
         req.t_last = now
         self._tokens += 1
@@ -521,7 +553,7 @@ class Engine:
         req.pending = tid
         text, stopped = req.push_token(tid)
         if text:
-            req.send.send_nowait(text)
+            self._send(req, text)
         if stopped:
             self._finish(req, "stop")
         elif (len(req.generated) >= req.params.max_new_tokens
@@ -538,16 +570,13 @@ class Engine:
         if reason != "cancelled":
             tail = req.flush()
             if tail:
-                req.send.send_nowait(tail)
+                self._send(req, tail)
         t_first = req.t_first or time.perf_counter()
         res = GenerationResult(req.text, list(req.generated), reason, len(req.prompt),
                                max(t_first - req.t_admit, 0.0) if req.t_admit else 0.0,
                                max(req.t_last - t_first, 0.0))
-        try:
-            req.send.send_nowait(res)
-            req.send.close()
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+        self._send(req, res)
+        req.send.close()
         if req in self._prefilling:
             self._prefilling.remove(req)
 

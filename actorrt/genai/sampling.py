@@ -3,6 +3,7 @@ top-p, min-p, repetition penalty), one seeded generator per request."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import attrs
@@ -11,6 +12,15 @@ import numpy as np
 from .._errors import GenerationError
 
 __all__ = ["SamplingParams", "Sampler"]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+        v, (bool, np.bool_))
 
 
 @attrs.frozen
@@ -45,6 +55,14 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __attrs_post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise GenerationError(f"{name} must be an integer, got {v!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not math.isfinite(v):
+                raise GenerationError(f"{name} must be a finite number, got {v!r}")
         if self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -57,6 +75,10 @@ class SamplingParams:
             raise GenerationError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.repetition_penalty <= 0:
             raise GenerationError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            raise GenerationError(f"seed must be None or an integer >= 0, got {self.seed!r}")
+        if not all(isinstance(x, str) and x for x in self.stop):
+            raise GenerationError(f"stop must be non-empty strings, got {self.stop!r}")
 
     @property
     def greedy(self) -> bool:
@@ -81,11 +103,14 @@ class Sampler:
                                    vals * p.repetition_penalty)
         if p.greedy:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
+        z = logits.astype(np.float64)
+        # shift before dividing: every value is <= 0, so a tiny temperature
+        # gives -inf (probability 0), never inf - inf
+        with np.errstate(over="ignore"):
+            z = (z - z.max()) / p.temperature
         if p.top_k and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
-        z -= z.max()
         probs = np.exp(z)
         probs /= probs.sum()
         if p.min_p > 0:

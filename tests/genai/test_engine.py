@@ -96,6 +96,55 @@ async def test_task_cancellation_mid_stream_leaves_others_untouched(model_dir):
         assert other.token_ids == alone.token_ids
 
 
+async def test_a_failing_sampler_fails_its_request_only(model_dir, monkeypatch):
+    from actorrt.genai import sampling
+
+    orig = sampling.Sampler.__call__
+
+    def flaky(self, logits, history):
+        if self.params.top_k == 7:  # marks the request that breaks
+            raise RuntimeError("boom")
+        return orig(self, logits, history)
+
+    monkeypatch.setattr(sampling.Sampler, "__call__", flaky)
+    async with open_engine(model_dir) as engine:
+        alone = await engine.generate("Water boils at", GREEDY)
+        results = {}
+
+        async def bad():
+            with pytest.raises(actorrt.GenerationError, match="boom"):
+                await engine.generate("Once upon a time",
+                                      SamplingParams(temperature=1.0, top_k=7, seed=1))
+            results["bad"] = True
+
+        async def good():
+            results["good"] = await engine.generate("Water boils at", GREEDY)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(bad)
+            nursery.start_soon(good)
+        assert results["bad"] and results["good"].token_ids == alone.token_ids
+        again = await engine.generate("Water boils at", GREEDY)  # the engine still serves
+        assert again.token_ids == alone.token_ids
+        assert engine.statistics().active == 0 and engine.statistics().kv_bytes == 0
+
+
+async def test_reader_gone_between_steps_cancels_quietly(model_dir):
+    async with open_engine(model_dir) as engine:
+        stream = engine.stream("Once upon a time", SamplingParams(max_new_tokens=200))
+        async for _ in stream:
+            break
+        # close the receiving side under the engine (what a dying consumer leaves)
+        req = next(iter(engine._decoding), None) or next(iter(engine._prefilling), None)
+        if req is not None:
+            req.send.close()  # later sends must not raise inside the engine loop
+        await stream.aclose()
+        with trio.fail_after(30):
+            while engine.statistics().active:
+                await trio.sleep(0.01)
+        assert (await engine.generate("Water boils at", GREEDY)).token_ids
+
+
 PROMPTS = ["The capital of France is", "Once upon a time", "The best way to learn is",
            "In 1969, humans", "Water boils at", "My favourite food is",
            "The meaning of life is", "Computers are very good at"]
@@ -268,7 +317,17 @@ def test_sampling_params_validation_and_sampler_rules():
         SamplingParams(max_new_tokens=0)
     with pytest.raises(actorrt.GenerationError):
         SamplingParams(top_p=0)
+    for bad in (dict(temperature=float("nan")), dict(temperature=float("inf")),
+                dict(repetition_penalty=float("nan")), dict(top_k=2.5), dict(seed=-1),
+                dict(seed="x"), dict(max_new_tokens=True), dict(stop=[""]),
+                dict(min_p=float("nan"))):
+        with pytest.raises(actorrt.GenerationError):
+            SamplingParams(**bad)
     from actorrt.genai.sampling import Sampler
+    # a temperature far below 1 is (numerically) greedy, never NaN
+    tiny = Sampler(SamplingParams(temperature=1e-320, seed=0))
+    row = np.array([0.1, 3.0, 2.9, -1.0], np.float32)
+    assert {tiny(row, []) for _ in range(20)} == {1}
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
     # top_k=1 and top_p tiny are greedy; min_p drops the tail; seeds reproduce
     assert {Sampler(SamplingParams(temperature=1.0, top_k=1, seed=s))(logits, [])

@@ -1,4 +1,5 @@
-"""Optional numba fast paths of the com.microsoft contrib kernels (MatMulNBits).
+"""Optional numba fast paths of the com.microsoft LLM kernels: MatMulNBits,
+GroupQueryAttention and SkipSimplifiedLayerNormalization.
 
 The kernels read the quantized values of B (one byte per value) directly, so
 a step streams ~1 byte per weight instead of a float32 copy (4 bytes per
@@ -22,8 +23,7 @@ import threading
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "gemv_q8", "gemm_q8", "gqa_attention", "skip_rms_norm",
-           "num_threads",
-           "set_num_threads", "warm_up"]
+           "num_threads", "set_num_threads", "warm_up"]
 
 try:  # numba is optional (the ``genai`` extra)
     import numba
@@ -147,7 +147,6 @@ if HAVE_NUMBA:
     _gemm_q8 = _jit(_gemm_q8_body)
     _gemm_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemm_q8_body)
 
-
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _rotate(x, cos, sin, r2, interleaved):  # pragma: no cover - compiled
         # rotary embedding of x[:2*r2] in place (cos/sin rows of length r2)
@@ -166,7 +165,7 @@ if HAVE_NUMBA:
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _attend_rows(query, pk, pv, cos, sin, pos, past, tot, b, hh, kh, d, s_len, r2, rotary,
-                 interleaved, alpha, window, qrow, acc, sc, out):  # pragma: no cover
+                     interleaved, alpha, window, qrow, acc, sc, out):  # pragma: no cover
         # causal (windowed) softmax(alpha * q.K^T) V for every query row of (b, hh)
         for s in range(s_len):
             qrow[:] = query[b, s, hh * d:(hh + 1) * d]
@@ -197,7 +196,6 @@ if HAVE_NUMBA:
                 for j in range(d):
                     acc[j] *= inv
             out[b, s, hh * d:(hh + 1) * d] = acc
-
 
     def _gqa_body(query, key, value, past_k, past_v, pk, pv, seqlens, total, cos, sin, pos_ids,
                   h, kvh, packed, copy_past, rotary, has_pos, interleaved, alpha, window,
@@ -259,7 +257,6 @@ if HAVE_NUMBA:
     _gqa = _jit(_gqa_body)
     _gqa_serial = njit(fastmath=True, nogil=True, cache=True)(_gqa_body)
 
-
     @njit(fastmath=True, nogil=True, cache=True)
     def _skip_rms_norm(x, skip, gamma, bias, has_bias, eps, y, inv, ssum):  # pragma: no cover
         rows, hidden = x.shape
@@ -294,8 +291,9 @@ def gemv_q8(a, asum, b8, scales, zps, out) -> None:
 
 
 def gemm_q8(a, b8, scales, zps, out) -> None:
-    """out = a @ dequant(B)^T for M >= 2 rows: a (M, n_blocks * block_size)
-    float32 (zero-padded past K), one byte per q in ``b8``."""
+    """out = a @ dequant(B)^T: a (M, n_blocks * block_size) float32 (zero-padded
+    past K), one byte per q in ``b8``. Used for M >= 2 (:func:`gemv_q8` is
+    faster for one row). Parallel over column chunks when M x N x K is large."""
     work = a.shape[0] * b8.size
     if work < PARALLEL_MIN_WEIGHTS or b8.shape[0] < 4:
         _gemm_q8_serial(a, b8, scales, zps, out, 1)
@@ -328,10 +326,9 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
     d = width // (num_heads + 2 * kv_num_heads) if packed else width // num_heads
     out = np.empty((bsz, s_len, num_heads * d), np.float32)
     rotary = cos is not None
-    one = _ONE
     args = (query, query if packed else key, query if packed else value, past_k, past_v,
-            present_k, present_v, seqlens, int(total), one if not rotary else cos,
-            one if not rotary else sin, _NO_POS if pos_ids is None else pos_ids, num_heads,
+            present_k, present_v, seqlens, int(total), cos if rotary else _ONE,
+            sin if rotary else _ONE, _NO_POS if pos_ids is None else pos_ids, num_heads,
             kv_num_heads, packed, copy_past, rotary, pos_ids is not None, interleaved,
             np.float32(alpha), int(window), out)
     work = bsz * num_heads * s_len * int(np.max(seqlens, initial=0) + 1) * d

@@ -528,13 +528,19 @@ class Engine:
             req.cancelled = True
 
     def _fail(self, req: _Request, exc: BaseException) -> None:
+        """Finish ``req`` by raising ``exc`` in its caller."""
+        self._retire(req, lambda: self._send(req, exc))
+
+    def _retire(self, req: _Request, deliver) -> None:
+        """Mark ``req`` done once: release its budget and cache, ``deliver()``
+        its last items, close its stream."""
         if req.done:
             return
         req.done = True
         self._completed += 1
         self._reserved -= req.reserved if req.t_admit else 0
         req.kv = None
-        self._send(req, exc)
+        deliver()
         req.send.close()
         if req in self._prefilling:
             self._prefilling.remove(req)
@@ -561,24 +567,19 @@ class Engine:
             self._finish(req, "length")
 
     def _finish(self, req: _Request, reason: str) -> None:
-        if req.done:
-            return
-        req.done = True
-        self._completed += 1
-        self._reserved -= req.reserved if req.t_admit else 0
-        req.kv = None
-        if reason != "cancelled":
-            tail = req.flush()
-            if tail:
-                self._send(req, tail)
-        t_first = req.t_first or time.perf_counter()
-        res = GenerationResult(req.text, list(req.generated), reason, len(req.prompt),
-                               max(t_first - req.t_admit, 0.0) if req.t_admit else 0.0,
-                               max(req.t_last - t_first, 0.0))
-        self._send(req, res)
-        req.send.close()
-        if req in self._prefilling:
-            self._prefilling.remove(req)
+        """Finish ``req`` normally: the held-back text, then its result."""
+        def deliver() -> None:
+            if reason != "cancelled":
+                tail = req.flush()
+                if tail:
+                    self._send(req, tail)
+            t_first = req.t_first or time.perf_counter()
+            self._send(req, GenerationResult(
+                req.text, list(req.generated), reason, len(req.prompt),
+                max(t_first - req.t_admit, 0.0) if req.t_admit else 0.0,
+                max(req.t_last - t_first, 0.0)))
+
+        self._retire(req, deliver)
 
     async def _shutdown(self) -> None:
         self._closed = True

@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated numbers of concurrent greedy streams")
     bd.add_argument("--max-new-tokens", type=int, default=64,
                     help="tokens per stream (>= 2: the first comes from prefill)")
+    bd.add_argument("--threads", type=int, default=2,
+                    help="threads of the parallel kernels (capped at the cores)")
     bd.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds over the levels; medians are printed")
     bd.set_defaults(func=_cmd_bench)

@@ -72,13 +72,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds of the concurrency curve (medians printed)")
     args = ap.parse_args()
+    from actorrt.providers.cpu import _contrib_numba
+    threads = _contrib_numba.set_num_threads(2)  # the setting; ORT gets 2 too
     folder = prepare_model("smollm2")
     levels = [int(x) for x in args.concurrency.split(",")]
     single, n_prompt, curve = trio.run(ours, folder, args.new_tokens, levels, max(1, args.rounds))
     from actorrt.genai.tokenizer import load_tokenizer
     ids = load_tokenizer(folder).encode(PROMPT)
     ort_prompt, ort_decode = ort_greedy(folder, ids, args.ort_tokens, threads=2)
-    print(f"SmolLM2-135M Q4_1, prompt {n_prompt} tokens, 2 threads")
+    print(f"SmolLM2-135M Q4_1, prompt {n_prompt} tokens, {threads} kernel threads "
+          f"(onnxruntime: 2 intra-op threads)")
     print(f"{'':24} {'prompt tok/s':>13} {'decode tok/s':>13}")
     print(f"{'actorrt':24} {single.prompt_tokens_per_s:13.1f} {single.decode_tokens_per_s:13.1f}"
           f"   ({len(single.token_ids)} greedy tokens)")

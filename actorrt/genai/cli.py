@@ -185,12 +185,17 @@ def bench_decode_main(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print(f"error: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
         return 2
+    from ..providers.cpu import _contrib_numba
+
+    threads = _contrib_numba.set_num_threads(getattr(args, "threads", 2))
 
     async def main() -> None:
         async with open_engine(args.model, max_batch=max(levels)) as engine:
             await engine.generate(BENCH_PROMPTS[0], SamplingParams(max_new_tokens=4))  # warm up
             rounds = [await concurrency_curve(engine, levels, args.max_new_tokens)
                       for _ in range(args.rounds)]
+        print(f"{threads} kernel threads, {args.max_new_tokens} tokens per stream, "
+              f"{args.rounds} rounds")
         print_curve(rounds)
 
     return _run_reporting(main)

@@ -35,6 +35,8 @@ except Exception:  # pragma: no cover - exercised only without numba
 # The workqueue threading layer aborts on concurrent parallel launches from
 # several Python threads; one launch at a time also avoids oversubscribing cores.
 _LOCK = threading.Lock()
+#: threads for the parallel kernels (None: numba's default, every core)
+_THREADS: int | None = None
 _WARM = False
 
 if HAVE_NUMBA:
@@ -286,8 +288,7 @@ def gemv_q8(a, asum, b8, scales, zps, out) -> None:
     if b8.size < PARALLEL_MIN_WEIGHTS:
         _gemv_q8_serial(a, asum, b8, scales, zps, out)
         return
-    with _LOCK:
-        _gemv_q8(a, asum, b8, scales, zps, out)
+    _parallel(_gemv_q8, a, asum, b8, scales, zps, out)
 
 
 def gemm_q8(a, b8, scales, zps, out) -> None:
@@ -299,8 +300,7 @@ def gemm_q8(a, b8, scales, zps, out) -> None:
         _gemm_q8_serial(a, b8, scales, zps, out, 1)
         return
     chunks = max(1, min(b8.shape[0] // 4, 8 * num_threads()))
-    with _LOCK:
-        _gemm_q8(a, b8, scales, zps, out, chunks)
+    _parallel(_gemm_q8, a, b8, scales, zps, out, chunks)
 
 
 def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqlens, total,
@@ -335,8 +335,7 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
     if work < GQA_PARALLEL_MIN_WORK or bsz * num_heads < 2:
         status = _gqa_serial(*args, 1)
     else:
-        with _LOCK:
-            status = _gqa(*args, min(bsz * num_heads, 4 * num_threads()))
+        status = _parallel(_gqa, *args, min(bsz * num_heads, 4 * num_threads()))
     return out, status
 
 
@@ -358,14 +357,29 @@ def skip_rms_norm(x, skip, gamma, bias, eps: float):
 
 
 def num_threads() -> int:
-    """Threads numba's parallel loops use (1 without numba)."""
-    return numba.get_num_threads() if HAVE_NUMBA else 1
+    """Threads the parallel kernels use (1 without numba)."""
+    if not HAVE_NUMBA:
+        return 1
+    return _THREADS if _THREADS is not None else numba.config.NUMBA_NUM_THREADS
 
 
-def set_num_threads(n: int) -> None:
-    """Set numba's thread count (benchmarks; no-op without numba)."""
-    if HAVE_NUMBA:
-        numba.set_num_threads(n)
+def set_num_threads(n: int | None) -> int:
+    """Set the thread count of the parallel kernels for every calling thread
+    (numba's own setting is per thread), capped at the cores numba may use;
+    ``None`` restores the default. Returns the count in effect."""
+    global _THREADS
+    if not HAVE_NUMBA:
+        return 1
+    _THREADS = None if n is None else max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    return num_threads()
+
+
+def _parallel(fn, *args):
+    """Run a parallel kernel: one launch at a time, with the configured threads."""
+    with _LOCK:
+        if _THREADS is not None:
+            numba.set_num_threads(_THREADS)
+        return fn(*args)
 
 
 def warm_up() -> None:

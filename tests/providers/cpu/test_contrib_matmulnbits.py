@@ -151,3 +151,25 @@ def test_prepare_prepacks_constant_weights():
     want = cq.matmul_nbits_numpy(a, cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=32,
                                                   use_numba=False))
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
+def test_thread_setting_applies_from_any_thread():
+    import threading
+    rng = np.random.default_rng(8)
+    k, n, m = 512, 160, 16  # parallel GEMM size
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    pb = cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=32, use_numba=True)
+    want = cq.matmul_nbits_numpy(a, cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=32,
+                                                  use_numba=False))
+    try:
+        assert nbk.set_num_threads(1) == 1 == nbk.num_threads()
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("y", cq.matmul_nbits_numba(a, pb)))
+        t.start()
+        t.join()
+        np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
+        assert nbk.set_num_threads(10 ** 6) == nbk.num_threads() >= 1  # capped at the cores
+    finally:
+        nbk.set_num_threads(None)

@@ -51,22 +51,37 @@ def generate_main(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with open_engine(args.model) as engine:
             if not args.chat:
-                sys.stdout.write(args.prompt)
-                sys.stdout.flush()
+                _write(args.prompt)
             res = None
             async for item in engine._run(prompt, params):
                 if isinstance(item, str):
-                    sys.stdout.write(item)
-                    sys.stdout.flush()
+                    _write(item)
                 else:
                     res = item
-            sys.stdout.write("\n")
+            _write("\n")
             if args.stats and res is not None:
                 print(f"prompt: {res.prompt_tokens} tokens, {res.prompt_tokens_per_s:.1f} tok/s; "
                       f"decode: {len(res.token_ids)} tokens, {res.decode_tokens_per_s:.1f} tok/s; "
                       f"finish: {res.finish_reason}", file=sys.stderr)
 
     return _run_reporting(main)
+
+
+_open_line = False  # stdout holds a line without its newline
+
+
+def _write(text: str) -> None:
+    global _open_line
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        _open_line = not text.endswith("\n")
+
+
+def _end_line() -> None:
+    """End a partly written stdout line before a message on stderr."""
+    if _open_line:
+        _write("\n")
 
 
 def _run_reporting(main) -> int:
@@ -80,14 +95,12 @@ def _run_reporting(main) -> int:
         leaves = leaf_exceptions(exc)
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             # Ctrl-C: whatever else unwound with it is a consequence
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+            _end_line()
             print("interrupted", file=sys.stderr)
             return 130
         errors = [e for e in leaves if isinstance(e, ActorRTError)]
         if errors and all(isinstance(e, ActorRTError) for e in leaves):
-            sys.stdout.write("\n")  # end the partly written line on stdout
-            sys.stdout.flush()
+            _end_line()
             print(f"error: {errors[0]}", file=sys.stderr)
             return 1
         raise

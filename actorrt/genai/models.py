@@ -251,8 +251,8 @@ def _source_gguf(name_or_path: str | os.PathLike[str], home: Path,
                              f"{', '.join(s.filename for s in KNOWN_MODELS.values())})", model=key)
     if not path.is_file():
         known = ", ".join(repr(k) for k in KNOWN_MODELS)
-        raise ModelLoadError(f"no such model or file: {key!r} (known names: {known}; or give a "
-                             f"path to a .gguf file)", model=key)
+        raise ModelLoadError(f"no such model or file (known names: {known}; or give a path to "
+                             f"a .gguf file)", model=key)
     path = path.resolve()
     st = path.stat()
     tag = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]

@@ -377,7 +377,8 @@ def set_num_threads(n: int | None) -> int:
 def _parallel(fn, *args):
     """Run a parallel kernel: one launch at a time, with the configured threads."""
     with _LOCK:
-        if _THREADS is not None:
+        # numba's setting is per calling thread; changing it costs, so only on change
+        if _THREADS is not None and numba.get_num_threads() != _THREADS:
             numba.set_num_threads(_THREADS)
         return fn(*args)
 

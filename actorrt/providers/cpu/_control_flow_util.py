@@ -7,7 +7,32 @@ from typing import Sequence
 import numpy as np
 
 from ..._dtypes import to_numpy_dtype
-from .._contract import ValueType
+from .._contract import Kernel, NodeSpec, ValueType, require
+
+
+class SubgraphKernel(Kernel):
+    """A kernel that runs graph attributes (If, Loop, Scan, SequenceMap): each
+    name in :attr:`graphs` is compiled once with ``node.compile_subgraph`` and
+    stored as the attribute of that name; outer-scope values are passed in."""
+
+    multi_output = True
+    wants_outer_scope = True
+    #: graph attributes compiled into attributes of the same name
+    graphs: tuple[str, ...] = ("body",)
+    #: further attributes the op cannot run without
+    required: tuple[str, ...] = ()
+
+    @classmethod
+    def check(cls, node: NodeSpec) -> None:
+        require(node.compile_subgraph is not None, "%s needs a subgraph compiler",
+                node.op_type)
+        missing = [a for a in cls.graphs + cls.required if a not in node.attrs]
+        require(not missing, "%s needs attribute(s) %s", node.op_type, ", ".join(missing))
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        for name in self.graphs:
+            setattr(self, name, node.compile_subgraph(node.attrs[name]))
 
 
 def stack_scan_output(items: Sequence[np.ndarray], axis: int, *, reverse: bool) -> np.ndarray:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .._contract import Kernel, NodeSpec, require
+from .._contract import NodeSpec
 from .registry import cpu_kernel
-from ._control_flow_util import empty_scan_output, stack_scan_output
+from ._control_flow_util import SubgraphKernel, empty_scan_output, stack_scan_output
 
 _VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 
@@ -33,24 +33,12 @@ def _truth(cond: Any, what: str) -> bool:
 
 
 @cpu_kernel("If", since=_VERSIONS)
-class If(Kernel):
+class If(SubgraphKernel):
     """ONNX If (opsets 1-25): run ``then_branch`` or ``else_branch`` on a scalar
     boolean ``cond``; outputs are the branch's outputs (tensors, sequences or
     optionals)."""
 
-    multi_output = True
-    wants_outer_scope = True
-
-    @classmethod
-    def check(cls, node: NodeSpec) -> None:
-        require(node.compile_subgraph is not None, "If needs a subgraph compiler")
-        require("then_branch" in node.attrs and "else_branch" in node.attrs,
-                "If needs then_branch and else_branch")
-
-    def __init__(self, node: NodeSpec):
-        super().__init__(node)
-        self.then_branch = node.compile_subgraph(node.attrs["then_branch"])
-        self.else_branch = node.compile_subgraph(node.attrs["else_branch"])
+    graphs = ("then_branch", "else_branch")
 
     def run(self, cond, outer: dict | None = None):
         branch = self.then_branch if _truth(cond, "If condition") else self.else_branch
@@ -58,23 +46,14 @@ class If(Kernel):
 
 
 @cpu_kernel("Loop", since=_VERSIONS)
-class Loop(Kernel):
+class Loop(SubgraphKernel):
     """ONNX Loop (opsets 1-25): inputs ``(M?, cond?, v_initial...)``, body
     ``(iter_num, cond, v...) -> (cond, v..., scan...)``; outputs the final
     loop-carried values then the scan outputs stacked along a new axis 0
     (``(0, ...)`` from the body's declared output type when no iteration ran)."""
 
-    multi_output = True
-    wants_outer_scope = True
-
-    @classmethod
-    def check(cls, node: NodeSpec) -> None:
-        require(node.compile_subgraph is not None, "Loop needs a subgraph compiler")
-        require("body" in node.attrs, "Loop needs a body")
-
     def __init__(self, node: NodeSpec):
         super().__init__(node)
-        self.body = node.compile_subgraph(node.attrs["body"])
         self.n_carried = len(self.body.input_names) - 2
         self.n_scan = len(self.body.output_names) - 1 - self.n_carried
         if self.n_carried < 0 or self.n_scan < 0:
@@ -116,22 +95,14 @@ def _norm_axis(axis: int, rank: int, what: str) -> int:
     return axis % rank
 
 
-class _ScanBase(Kernel):
+class _ScanBase(SubgraphKernel):
     """What every Scan version shares: the compiled body and its state / scan
     input / scan output counts."""
 
-    multi_output = True
-    wants_outer_scope = True
-
-    @classmethod
-    def check(cls, node: NodeSpec) -> None:
-        require(node.compile_subgraph is not None, "Scan needs a subgraph compiler")
-        require("body" in node.attrs and "num_scan_inputs" in node.attrs,
-                "Scan needs body and num_scan_inputs")
+    required = ("num_scan_inputs",)
 
     def __init__(self, node: NodeSpec):
         super().__init__(node)
-        self.body = node.compile_subgraph(node.attrs["body"])
         self.n_scan_in = int(node.attrs["num_scan_inputs"])
         self.n_state = len(self.body.input_names) - self.n_scan_in
         self.n_scan_out = len(self.body.output_names) - self.n_state

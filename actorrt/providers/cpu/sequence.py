@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..._dtypes import to_numpy_dtype
-from .._contract import Kernel, NodeSpec, require
 from .registry import cpu_kernel
+from ._control_flow_util import SubgraphKernel
 
 
 def _position(seq: list, position: Any, *, insert: bool) -> int:
@@ -128,22 +128,10 @@ def ConcatFromSequence(input_sequence, *, axis, new_axis=0):
 
 
 @cpu_kernel("SequenceMap", since=17)
-class SequenceMap(Kernel):
+class SequenceMap(SubgraphKernel):
     """ONNX SequenceMap (17): run ``body`` once per position of the input
     sequence; additional inputs that are sequences are indexed at the same
     position, tensors are passed whole. Each body output becomes a sequence."""
-
-    multi_output = True
-    wants_outer_scope = True
-
-    @classmethod
-    def check(cls, node: NodeSpec) -> None:
-        require(node.compile_subgraph is not None, "SequenceMap needs a subgraph compiler")
-        require("body" in node.attrs, "SequenceMap needs a body")
-
-    def __init__(self, node: NodeSpec):
-        super().__init__(node)
-        self.body = node.compile_subgraph(node.attrs["body"])
 
     def run(self, input_sequence, *additional, outer: dict | None = None):
         n = len(input_sequence)

@@ -196,6 +196,19 @@ def _floats(a: dict, name: str):
     return a.get(name) if v is None else np.asarray(v).reshape(-1)
 
 
+def _feature_rows(X, op: str) -> np.ndarray:
+    """X as (N, F) rows (a 1-D X is one row).
+
+    Raises:
+        ValueError: X is neither (F,) nor (N, F).
+    """
+    x = np.asarray(X)
+    x = x.reshape(1, -1) if x.ndim == 1 else x
+    if x.ndim != 2:
+        raise ValueError(f"{op} input must be (N, F), got {list(x.shape)}")
+    return x
+
+
 @cpu_kernel("TreeEnsembleRegressor", since=(1, 3, 5), domain=ML)
 class TreeEnsembleRegressor(Kernel):
     """ai.onnx.ml TreeEnsembleRegressor (1, 3, 5): X ``(N, F)`` -> float32
@@ -226,11 +239,7 @@ class TreeEnsembleRegressor(Kernel):
         self.post = POST_NAMES[a.get("post_transform", "NONE")]
 
     def run(self, X):
-        x = np.asarray(X)
-        x = x.reshape(1, -1) if x.ndim == 1 else x
-        if x.ndim != 2:
-            raise ValueError(f"TreeEnsembleRegressor input must be (N, F), got "
-                             f"{list(x.shape)}")
+        x = _feature_rows(X, "TreeEnsembleRegressor")
         scores, _ = self.forest.aggregate(x, self.n_targets, self.aggregate)
         return post_transform(scores + self.base, self.post).astype(np.float32)
 
@@ -274,11 +283,7 @@ class TreeEnsembleClassifier(Kernel):
         self.post = POST_NAMES[a.get("post_transform", "NONE")]
 
     def run(self, X):
-        x = np.asarray(X)
-        x = x.reshape(1, -1) if x.ndim == 1 else x
-        if x.ndim != 2:
-            raise ValueError(f"TreeEnsembleClassifier input must be (N, F), got "
-                             f"{list(x.shape)}")
+        x = _feature_rows(X, "TreeEnsembleClassifier")
         scores, hit = self.forest.aggregate(x, len(self.labels), SUM)
         if self.base is not None:
             scores = scores + self.base

@@ -11,8 +11,7 @@ L1-resident buffer and reuses it for every row. Without numba,
 Shapes (all C-contiguous):
     ``b8``: (N, n_blocks, block_size) uint8 (one quantized value per byte).
     ``scales`` / ``zps``: (N, n_blocks) float32 (zero points as floats).
-    ``a``: (M, n_blocks, block_size) float32 (gemv) or (M, n_blocks *
-    block_size) float32 (gemm); ``asum``: (M, n_blocks) float32.
+    ``a``: (M, n_blocks * block_size) float32, zero-padded past K.
     ``out``: (M, N) float32.
 """
 
@@ -42,18 +41,25 @@ _WARM = False
 if HAVE_NUMBA:
     _jit = njit(parallel=True, fastmath=True, nogil=True, cache=True)
 
-    def _gemv_q8_body(a, asum, b8, scales, zps, out):  # pragma: no cover - compiled
-        # flat rows: contiguous 1-D inner loops vectorize (u8 -> f32 FMA)
+    def _gemv_q8_body(a, b8, scales, zps, out):  # pragma: no cover - compiled
+        # flat rows: contiguous 1-D inner loops vectorize (u8 -> f32 FMA); the
+        # block sums of A (for the zero-point term) are taken here, once per call
         m_rows = a.shape[0]
         n_cols = b8.shape[0]
         nb = b8.shape[1]
         bs = b8.shape[2]
         bflat = b8.reshape(n_cols, nb * bs)
-        aflat = a.reshape(m_rows, nb * bs)
+        asum = np.empty((m_rows, nb), np.float32)
+        for m in range(m_rows):
+            for blk in range(nb):
+                t = np.float32(0.0)
+                for j in range(blk * bs, (blk + 1) * bs):
+                    t += a[m, j]
+                asum[m, blk] = t
         for n in prange(n_cols):
             brow = bflat[n]
             for m in range(m_rows):
-                am = aflat[m]
+                am = a[m]
                 acc = np.float32(0.0)
                 for blk in range(nb):
                     s = np.float32(0.0)
@@ -166,38 +172,61 @@ if HAVE_NUMBA:
                 x[i + r2] = x2 * cos[i] + x1 * sin[i]
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
-    def _attend_rows(query, pk, pv, cos, sin, pos, past, tot, b, hh, kh, d, s_len, r2, rotary,
-                     interleaved, alpha, window, qrow, acc, sc, out):  # pragma: no cover
-        # causal (windowed) softmax(alpha * q.K^T) V for every query row of (b, hh)
+    def _attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len, r2, rotary,
+                      interleaved, alpha, window, qg, acc, sc, mx, den, out):  # pragma: no cover
+        # causal (windowed) softmax(alpha * q.K^T) V for the g query heads that
+        # share KV head kh of batch row b: each cached K/V row is read once for
+        # all g heads (it stays in L1 across them)
         for s in range(s_len):
-            qrow[:] = query[b, s, hh * d:(hh + 1) * d]
-            if rotary:
-                _rotate(qrow, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+            for i in range(g):
+                hh = kh * g + i
+                for j in range(d):
+                    qg[i, j] = query[b, s, hh * d + j]
+                if rotary:
+                    _rotate(qg[i], cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
             causal = past[b] + s + 1
             hi = min(causal, tot[b])
             lo = max(0, causal - window) if window > 0 else 0
-            acc[:] = 0.0
+            for i in range(g):
+                for j in range(d):
+                    acc[i, j] = 0.0
             if hi > lo:
-                mx = np.float32(-np.inf)
+                for i in range(g):
+                    mx[i] = np.float32(-np.inf)
+                    den[i] = np.float32(0.0)
                 for t in range(lo, hi):
                     kr = pk[b, kh, t]
-                    dot = np.float32(0.0)
-                    for j in range(d):
-                        dot += qrow[j] * kr[j]
-                    dot *= alpha
-                    sc[t] = dot
-                    mx = max(mx, dot)
-                den = np.float32(0.0)
+                    for i in range(g):
+                        qi = qg[i]
+                        dot = np.float32(0.0)
+                        for j in range(d):
+                            dot += qi[j] * kr[j]
+                        dot *= alpha
+                        sc[i, t] = dot
+                        mx[i] = max(mx[i], dot)
+                for i in range(g):
+                    m_i = mx[i]
+                    tot_e = np.float32(0.0)
+                    for t in range(lo, hi):
+                        e = np.exp(sc[i, t] - m_i)
+                        sc[i, t] = e
+                        tot_e += e
+                    den[i] = np.float32(1.0) / tot_e
                 for t in range(lo, hi):
-                    e = np.exp(sc[t] - mx)
-                    den += e
                     vr = pv[b, kh, t]
+                    for i in range(g):
+                        e = sc[i, t]
+                        ai = acc[i]
+                        for j in range(d):
+                            ai[j] += e * vr[j]
+                for i in range(g):
+                    w = den[i]
                     for j in range(d):
-                        acc[j] += e * vr[j]
-                inv = np.float32(1.0) / den
+                        acc[i, j] *= w
+            for i in range(g):
+                hh = kh * g + i
                 for j in range(d):
-                    acc[j] *= inv
-            out[b, s, hh * d:(hh + 1) * d] = acc
+                    out[b, s, hh * d + j] = acc[i, j]
 
     def _gqa_body(query, key, value, past_k, past_v, pk, pv, seqlens, total, cos, sin, pos_ids,
                   h, kvh, packed, copy_past, rotary, has_pos, interleaved, alpha, window,
@@ -229,31 +258,37 @@ if HAVE_NUMBA:
         koff = h * d if packed else 0
         voff = (h + kvh) * d if packed else 0
         # 1. copy the cached rows (unless the past buffer is the present one),
-        # rotate the new keys and append them and the values
+        # rotate the new keys and append them and the values. Element loops,
+        # not slice assignments: numba copies a slice through a temporary array
+        # when it cannot prove the operands apart (measured: 15x slower).
         for b in range(bsz):
             for kh in range(kvh):
                 if copy_past:
                     for t in range(past[b]):
-                        pk[b, kh, t, :] = past_k[b, kh, t]
-                        pv[b, kh, t, :] = past_v[b, kh, t]
+                        for j in range(d):
+                            pk[b, kh, t, j] = past_k[b, kh, t, j]
+                            pv[b, kh, t, j] = past_v[b, kh, t, j]
                 for s in range(s_len):
                     t = past[b] + s
                     row = pk[b, kh, t]
-                    row[:] = key[b, s, koff + kh * d:koff + (kh + 1) * d]
+                    for j in range(d):
+                        row[j] = key[b, s, koff + kh * d + j]
+                        pv[b, kh, t, j] = value[b, s, voff + kh * d + j]
                     if rotary:
                         _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
-                    pv[b, kh, t, :] = value[b, s, voff + kh * d:voff + (kh + 1) * d]
         # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch, head)
-        pairs = bsz * h
+        pairs = bsz * kvh
         per = (pairs + chunks - 1) // chunks
         for c in prange(chunks):
-            qrow = np.empty(d, np.float32)
-            acc = np.empty(d, np.float32)
-            sc = np.empty(t_max, np.float32)
-            for bh in range(c * per, min(pairs, (c + 1) * per)):
-                _attend_rows(query, pk, pv, cos, sin, pos, past, tot, bh // h, bh % h,
-                             (bh % h) // g, d, s_len, r2, rotary, interleaved, alpha, window,
-                             qrow, acc, sc, out)
+            qg = np.empty((g, d), np.float32)
+            acc = np.empty((g, d), np.float32)
+            sc = np.empty((g, t_max), np.float32)
+            mx = np.empty(g, np.float32)
+            den = np.empty(g, np.float32)
+            for bk in range(c * per, min(pairs, (c + 1) * per)):
+                _attend_group(query, pk, pv, cos, sin, pos, past, tot, bk // kvh, bk % kvh, g,
+                              d, s_len, r2, rotary, interleaved, alpha, window, qg, acc, sc, mx,
+                              den, out)
         return 0
 
     _gqa = _jit(_gqa_body)
@@ -283,12 +318,13 @@ PARALLEL_MIN_WEIGHTS = 1 << 20
 GQA_PARALLEL_MIN_WORK = 1 << 16
 
 
-def gemv_q8(a, asum, b8, scales, zps, out) -> None:
-    """out[m, n] = sum over blocks of scale * (q . a - zp * sum(a)), one byte per q."""
+def gemv_q8(a, b8, scales, zps, out) -> None:
+    """out[m, n] = sum over blocks of scale * (q . a - zp * sum(a)), one byte per
+    q; ``a`` (M, n_blocks * block_size) float32, zero-padded past K."""
     if b8.size < PARALLEL_MIN_WEIGHTS:
-        _gemv_q8_serial(a, asum, b8, scales, zps, out)
+        _gemv_q8_serial(a, b8, scales, zps, out)
         return
-    _parallel(_gemv_q8, a, asum, b8, scales, zps, out)
+    _parallel(_gemv_q8, a, b8, scales, zps, out)
 
 
 def gemm_q8(a, b8, scales, zps, out) -> None:
@@ -332,10 +368,11 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
             kv_num_heads, packed, copy_past, rotary, pos_ids is not None, interleaved,
             np.float32(alpha), int(window), out)
     work = bsz * num_heads * s_len * int(np.max(seqlens, initial=0) + 1) * d
-    if work < GQA_PARALLEL_MIN_WORK or bsz * num_heads < 2:
+    pairs = bsz * kv_num_heads  # the kernel splits over (batch row, KV head)
+    if work < GQA_PARALLEL_MIN_WORK or pairs < 2:
         status = _gqa_serial(*args, 1)
     else:
-        status = _parallel(_gqa, *args, min(bsz * num_heads, 4 * num_threads()))
+        status = _parallel(_gqa, *args, min(pairs, 4 * num_threads()))
     return out, status
 
 
@@ -394,9 +431,9 @@ def warm_up() -> None:
     sc = np.ones((2, 1), f32)
     zp = np.zeros((2, 1), f32)
     out = np.zeros((1, 2), f32)
-    a1, s1 = np.zeros((1, 1, 16), f32), np.zeros((1, 1), f32)
-    _gemv_q8(a1, s1, b8, sc, zp, out)
-    _gemv_q8_serial(a1, s1, b8, sc, zp, out)
+    a1 = np.zeros((1, 16), f32)
+    _gemv_q8(a1, b8, sc, zp, out)
+    _gemv_q8_serial(a1, b8, sc, zp, out)
     a5 = np.zeros((5, 16), f32)
     out5 = np.zeros((5, 2), f32)
     _gemm_q8(a5, b8, sc, zp, out5, 1)

@@ -154,6 +154,35 @@ def test_prepare_prepacks_constant_weights():
 
 
 @pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
+def test_compiled_fast_path_matches_numpy_and_falls_back():
+    from actorrt.providers import NodeSpec
+    rng = np.random.default_rng(9)
+    k, n = 96, 40
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    node = NodeSpec(name="m", op_type="MatMulNBits", domain="com.microsoft", opset=1,
+                    attrs=dict(K=k, N=n, bits=4, block_size=32),
+                    inputs=("A", "B", "s", "zp"), outputs=("Y",))
+    kern = cq.MatMulNBits(node)
+    kern.prepare({1: b, 2: s, 3: zp}, {})
+    fn = kern.compile()
+    assert fn != kern.run  # the closure, not the generic method
+    w = cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=32, use_numba=False).w
+    for shape in [(1, k), (1, 1, k), (2, 3, k), (5, k), (0, k)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        y = fn(a, b, s, zp)
+        assert y.shape == shape[:-1] + (n,) and y.dtype == np.float32
+        np.testing.assert_allclose(y, a @ w.T, rtol=1e-4, atol=1e-4)
+    a = rng.standard_normal((4, 2 * k)).astype(np.float32)[:, ::2]  # not contiguous
+    np.testing.assert_allclose(fn(a, b, s, zp), a @ w.T, rtol=1e-4, atol=1e-4)
+    a16 = rng.standard_normal((2, k)).astype(np.float16)
+    y16 = fn(a16, b, s, zp)
+    assert y16.dtype == np.float16
+    np.testing.assert_allclose(y16, a16.astype(np.float32) @ w.T, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="K=96"):
+        fn(np.zeros((1, k + 1), np.float32), b, s, zp)
+
+
+@pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
 def test_thread_setting_applies_from_any_thread():
     import threading
     rng = np.random.default_rng(8)

@@ -187,6 +187,7 @@ class Engine:
         eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
         self.eos = set([eos] if isinstance(eos, int) else list(eos))
         self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
+        self._output_names: list[str] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
                           for kv in ("key", "value")]
         self._host = next(p for p in session._providers if p.name == "cpu")
@@ -393,8 +394,9 @@ class Engine:
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
         # the KV buffers have spare capacity: GroupQueryAttention appends in place
         outs = await self.session.run(None, feeds, donate=self._kv_names)
-        names = [o.name for o in self.session.get_outputs()]
-        by = dict(zip(names, outs))
+        if self._output_names is None:
+            self._output_names = [o.name for o in self.session.get_outputs()]
+        by = dict(zip(self._output_names, outs))
         kv = []
         for layer in self._layers:
             kv += [by[f"present.{layer}.key"], by[f"present.{layer}.value"]]

@@ -53,6 +53,47 @@ def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[f
     return len(ids) / (t_first - t0), new_tokens / (t_end - t_first)
 
 
+def weight_bytes_per_token(folder) -> tuple[int, int]:
+    """(bytes of the MatMulNBits weights in the file, bytes the numba kernels
+    stream: one byte per quantized value plus float32 scales and zero points).
+    Every decode step reads each of them once."""
+    import onnx
+    m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    sizes = {}
+    for t in m.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        sizes[t.name] = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    file_b = kern_b = 0
+    for node in m.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        at = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        n, k, bs = at["N"], at["K"], at["block_size"]
+        nb = -(-k // bs)
+        file_b += sum(sizes.get(x, 0) for x in node.input[1:4] if x)
+        kern_b += n * nb * bs + 2 * 4 * n * nb
+    return file_b, kern_b
+
+
+def read_bandwidth(threads: int, nbytes: int = 256 << 20) -> float:
+    """Stream-read bandwidth (bytes/s) of numpy sums over ``nbytes`` split over
+    ``threads`` Python threads (numpy releases the GIL), best of 3."""
+    import threading
+    parts = [np.ones(nbytes // 4 // threads, np.float32) for _ in range(threads)]
+    best = 0.0
+    for _ in range(3):
+        ts = [threading.Thread(target=p.sum) for p in parts]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = max(best, nbytes / (time.perf_counter() - t0))
+    return best
+
+
 async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int):
     async with open_engine(folder, max_batch=max(levels)) as engine:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
@@ -89,6 +130,14 @@ def main() -> None:
           f"   ({args.ort_tokens} greedy tokens)")
     print(f"{'ratio actorrt/ort':24} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
           f"{single.decode_tokens_per_s / ort_decode:13.2f}")
+    file_b, kern_b = weight_bytes_per_token(folder)
+    bw = read_bandwidth(threads)
+    print(f"\nmemory roof (decode is a pass over the weights per token): read bandwidth "
+          f"{bw / 1e9:.1f} GB/s ({threads} threads, numpy sums, this run)")
+    print(f"  weights in the file {file_b / 1e6:.0f} MB/token -> roof {bw / file_b:.0f} tok/s; "
+          f"as the kernels stream them {kern_b / 1e6:.0f} MB/token -> roof {bw / kern_b:.0f} "
+          f"tok/s; actorrt decode {single.decode_tokens_per_s:.1f} tok/s = "
+          f"{single.decode_tokens_per_s * kern_b / bw:.0%} of the kernels' roof")
     print("\nconcurrent engine, greedy streams (short prompts, 64 new tokens each):")
     print_curve(curve)
 

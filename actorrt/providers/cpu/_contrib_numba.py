@@ -41,24 +41,28 @@ _WARM = False
 if HAVE_NUMBA:
     _jit = njit(parallel=True, fastmath=True, nogil=True, cache=True)
 
-    def _gemv_q8_body(a, b8, scales, zps, out):  # pragma: no cover - compiled
-        # flat rows: contiguous 1-D inner loops vectorize (u8 -> f32 FMA); the
-        # block sums of A (for the zero-point term) are taken here, once per call
-        m_rows = a.shape[0]
-        n_cols = b8.shape[0]
-        nb = b8.shape[1]
-        bs = b8.shape[2]
-        bflat = b8.reshape(n_cols, nb * bs)
-        asum = np.empty((m_rows, nb), np.float32)
-        for m in range(m_rows):
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _block_sums(a, nb, bs):  # pragma: no cover - compiled
+        # (M, n_blocks) sums of A's blocks (for the zero-point term)
+        asum = np.empty((a.shape[0], nb), np.float32)
+        for m in range(a.shape[0]):
             for blk in range(nb):
                 t = np.float32(0.0)
                 for j in range(blk * bs, (blk + 1) * bs):
                     t += a[m, j]
                 asum[m, blk] = t
-        for n in prange(n_cols):
+        return asum
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _gemv_q8_cols(a, asum, b8, scales, zps, out, lo, hi):  # pragma: no cover - compiled
+        # output columns lo..hi; flat rows: contiguous 1-D inner loops vectorize
+        # (u8 -> f32 FMA). A separate function (not inlined into a prange body):
+        # numba's parallel lowering vectorized this loop about half as well.
+        n_cols, nb, bs = b8.shape
+        bflat = b8.reshape(n_cols, nb * bs)
+        for n in range(lo, hi):
             brow = bflat[n]
-            for m in range(m_rows):
+            for m in range(a.shape[0]):
                 am = a[m]
                 acc = np.float32(0.0)
                 for blk in range(nb):
@@ -69,9 +73,18 @@ if HAVE_NUMBA:
                     acc += scales[n, blk] * (s - zps[n, blk] * asum[m, blk])
                 out[m, n] = acc
 
-    _gemv_q8 = _jit(_gemv_q8_body)
-    # small matrices: waking the thread team costs more than it saves
-    _gemv_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemv_q8_body)
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _gemv_q8_serial(a, b8, scales, zps, out):  # pragma: no cover - compiled
+        _gemv_q8_cols(a, _block_sums(a, b8.shape[1], b8.shape[2]), b8, scales, zps, out, 0,
+                      b8.shape[0])
+
+    @_jit
+    def _gemv_q8(a, b8, scales, zps, out, chunks):  # pragma: no cover - compiled
+        asum = _block_sums(a, b8.shape[1], b8.shape[2])
+        n_cols = b8.shape[0]
+        per = (n_cols + chunks - 1) // chunks
+        for c in prange(chunks):
+            _gemv_q8_cols(a, asum, b8, scales, zps, out, c * per, min(n_cols, (c + 1) * per))
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _dequant_row(brow, scales, zps, w, bs):  # pragma: no cover - compiled
@@ -111,49 +124,56 @@ if HAVE_NUMBA:
             d3 += u3 * a1
         return c0, c1, c2, c3, d0, d1, d2, d3
 
-    def _gemm_q8_body(a, b8, scales, zps, out, chunks):  # pragma: no cover - compiled
-        # Each chunk of output columns dequantizes four columns (K floats each,
-        # L1) at a time and reuses them for every row of A: the quantized weight
-        # is read once per call whatever M is, and no float copy of B is kept.
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _gemm_q8_cols(a, b8, scales, zps, out, lo, hi):  # pragma: no cover - compiled
+        # Output columns lo..hi: dequantize four columns (K floats each, L1) at a
+        # time and reuse them for every row of A, so the quantized weight is read
+        # once per call whatever M is and no float copy of B is kept. Compiled on
+        # its own (the prange body only calls it): see _gemv_q8_cols.
         m_rows = a.shape[0]
         n_cols = b8.shape[0]
         bs = b8.shape[2]
         kp = b8.shape[1] * bs
         bflat = b8.reshape(n_cols, kp)
+        w0 = np.empty(kp, np.float32)
+        w1 = np.empty(kp, np.float32)
+        w2 = np.empty(kp, np.float32)
+        w3 = np.empty(kp, np.float32)
+        n = lo
+        while n + 4 <= hi:
+            _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
+            _dequant_row(bflat[n + 1], scales[n + 1], zps[n + 1], w1, bs)
+            _dequant_row(bflat[n + 2], scales[n + 2], zps[n + 2], w2, bs)
+            _dequant_row(bflat[n + 3], scales[n + 3], zps[n + 3], w3, bs)
+            m = 0
+            while m + 2 <= m_rows:
+                r = _dot_4x2(w0, w1, w2, w3, a[m], a[m + 1])
+                for i in range(4):
+                    out[m, n + i] = r[i]
+                    out[m + 1, n + i] = r[4 + i]
+                m += 2
+            if m < m_rows:
+                out[m, n] = _dot(w0, a[m])
+                out[m, n + 1] = _dot(w1, a[m])
+                out[m, n + 2] = _dot(w2, a[m])
+                out[m, n + 3] = _dot(w3, a[m])
+            n += 4
+        while n < hi:
+            _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
+            for m in range(m_rows):
+                out[m, n] = _dot(w0, a[m])
+            n += 1
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _gemm_q8_serial(a, b8, scales, zps, out):  # pragma: no cover - compiled
+        _gemm_q8_cols(a, b8, scales, zps, out, 0, b8.shape[0])
+
+    @_jit
+    def _gemm_q8(a, b8, scales, zps, out, chunks):  # pragma: no cover - compiled
+        n_cols = b8.shape[0]
         per = (n_cols + chunks - 1) // chunks
         for c in prange(chunks):
-            w0 = np.empty(kp, np.float32)
-            w1 = np.empty(kp, np.float32)
-            w2 = np.empty(kp, np.float32)
-            w3 = np.empty(kp, np.float32)
-            n = c * per
-            end = min(n_cols, n + per)
-            while n + 4 <= end:
-                _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
-                _dequant_row(bflat[n + 1], scales[n + 1], zps[n + 1], w1, bs)
-                _dequant_row(bflat[n + 2], scales[n + 2], zps[n + 2], w2, bs)
-                _dequant_row(bflat[n + 3], scales[n + 3], zps[n + 3], w3, bs)
-                m = 0
-                while m + 2 <= m_rows:
-                    r = _dot_4x2(w0, w1, w2, w3, a[m], a[m + 1])
-                    for i in range(4):
-                        out[m, n + i] = r[i]
-                        out[m + 1, n + i] = r[4 + i]
-                    m += 2
-                if m < m_rows:
-                    out[m, n] = _dot(w0, a[m])
-                    out[m, n + 1] = _dot(w1, a[m])
-                    out[m, n + 2] = _dot(w2, a[m])
-                    out[m, n + 3] = _dot(w3, a[m])
-                n += 4
-            while n < end:
-                _dequant_row(bflat[n], scales[n], zps[n], w0, bs)
-                for m in range(m_rows):
-                    out[m, n] = _dot(w0, a[m])
-                n += 1
-
-    _gemm_q8 = _jit(_gemm_q8_body)
-    _gemm_q8_serial = njit(fastmath=True, nogil=True, cache=True)(_gemm_q8_body)
+            _gemm_q8_cols(a, b8, scales, zps, out, c * per, min(n_cols, (c + 1) * per))
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _rotate(x, cos, sin, r2, interleaved):  # pragma: no cover - compiled
@@ -311,8 +331,11 @@ if HAVE_NUMBA:
                 y[r, j] = ssum[r, j] * iv * gamma[j]
 
 
-#: below this many weights a GEMV runs on one thread (no team wake-up)
-PARALLEL_MIN_WEIGHTS = 1 << 20
+#: below this many weights (M x N x K for the GEMM) a kernel runs on one thread:
+#: waking the thread team costs more than it saves. Measured on SmolLM2 decode:
+#: the 576x576 projections (331,776 weights) gain from two threads, the 192x576
+#: ones do not.
+PARALLEL_MIN_WEIGHTS = 1 << 18
 #: below this many multiply-adds (batch x heads x rows x keys x head size)
 #: attention runs on one thread
 GQA_PARALLEL_MIN_WORK = 1 << 16
@@ -324,7 +347,7 @@ def gemv_q8(a, b8, scales, zps, out) -> None:
     if b8.size < PARALLEL_MIN_WEIGHTS:
         _gemv_q8_serial(a, b8, scales, zps, out)
         return
-    _parallel(_gemv_q8, a, b8, scales, zps, out)
+    _parallel(_gemv_q8, a, b8, scales, zps, out, max(1, min(b8.shape[0], 2 * num_threads())))
 
 
 def gemm_q8(a, b8, scales, zps, out) -> None:
@@ -333,7 +356,7 @@ def gemm_q8(a, b8, scales, zps, out) -> None:
     faster for one row). Parallel over column chunks when M x N x K is large."""
     work = a.shape[0] * b8.size
     if work < PARALLEL_MIN_WEIGHTS or b8.shape[0] < 4:
-        _gemm_q8_serial(a, b8, scales, zps, out, 1)
+        _gemm_q8_serial(a, b8, scales, zps, out)
         return
     # two column chunks per thread: each chunk sets up four L1 buffers, and
     # more chunks measured slower on the 576-column projections
@@ -434,12 +457,12 @@ def warm_up() -> None:
     zp = np.zeros((2, 1), f32)
     out = np.zeros((1, 2), f32)
     a1 = np.zeros((1, 16), f32)
-    _gemv_q8(a1, b8, sc, zp, out)
+    _gemv_q8(a1, b8, sc, zp, out, 1)
     _gemv_q8_serial(a1, b8, sc, zp, out)
     a5 = np.zeros((5, 16), f32)
     out5 = np.zeros((5, 2), f32)
     _gemm_q8(a5, b8, sc, zp, out5, 1)
-    _gemm_q8_serial(a5, b8, sc, zp, out5, 1)
+    _gemm_q8_serial(a5, b8, sc, zp, out5)
     q = np.zeros((1, 1, 16), f32)
     cache = np.zeros((1, 1, 2, 4), f32)
     cs = np.ones((2, 2), f32)

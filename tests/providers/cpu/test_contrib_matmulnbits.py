@@ -121,6 +121,27 @@ def test_numba_matches_numpy(bits, m, n):
                                rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("m", [1, 3])
+def test_parallel_kernels_match_numpy(m):
+    # N x K (x M) above PARALLEL_MIN_WEIGHTS: the column-chunked parallel GEMV
+    # (M = 1) and GEMM, with N not a multiple of the chunk count
+    rng = np.random.default_rng(10 + m)
+    k, n, bs = 512, 517, 32
+    assert n * k >= nbk.PARALLEL_MIN_WEIGHTS
+    b, s, zp = quantized(rng, n, k, 4, bs, "float")
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    pn = cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=bs, use_numba=False)
+    pb = cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=bs, use_numba=True)
+    try:
+        for threads in (1, 2, 3):
+            nbk.set_num_threads(threads)
+            np.testing.assert_allclose(cq.matmul_nbits_numba(a, pb), cq.matmul_nbits_numpy(a, pn),
+                                       rtol=1e-4, atol=1e-4)
+    finally:
+        nbk.set_num_threads(None)
+
+
 def test_numpy_path_vs_ort(monkeypatch):
     monkeypatch.setattr(nbk, "HAVE_NUMBA", False)
     rng = np.random.default_rng(5)

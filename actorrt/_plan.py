@@ -426,6 +426,7 @@ class _Compiler:
         self.types: dict[str, ValueType] = {}
         self.consts: dict[str, Any] = {}
         self.shared = shared if shared is not None else {}
+        self._ir_node: dict[int, ir.Node] = {}
         self._names = itertools.count()
         self.host_provider = next((p for p in self.providers if p.name == "cpu"),
                                   self.providers[0])
@@ -471,6 +472,10 @@ class _Compiler:
             spec = self.node_spec(node)
             if self.try_fold(spec):
                 continue
+            # prepacked state is kept per graph node (the object, not its name:
+            # an unnamed node in a subgraph gets the same generated name as one
+            # in the main graph, and names may repeat across graphs)
+            self._ir_node[id(spec)] = node
             pending.append(Step(len(pending), spec, None))
         self.place(pending)
         self.instantiate(pending)
@@ -634,7 +639,7 @@ class _Compiler:
             spec = step.node
             try:
                 k = step.provider.create_kernel(spec)
-                shared = self.shared.setdefault(spec.name, {})
+                shared = self.shared.setdefault(self._ir_node.get(id(spec), spec), {})
                 k.prepare(spec.constant_inputs, shared)
             except ActorRTError:
                 raise

@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 import trio
 from onnx import TensorProto as TP, helper, numpy_helper
 
@@ -100,3 +101,35 @@ async def test_transpose_reshape_chain_allocates_nothing_when_views_suffice():
         assert after.allocations == before.allocations + 1
         assert after.peak_by_role["activations"] == 96
         assert after.live_by_role["activations"] == 0
+
+
+@pytest.mark.parametrize("names", [("", ""), ("proj", "proj")])
+def test_prepacked_weights_are_kept_per_node_not_per_name(names):
+    """An unnamed node in a subgraph gets the same generated name as the first
+    unnamed one in the main graph, and explicit names may repeat across graphs:
+    each node must still prepack (and use) its own constant weight."""
+    from tests.oracle import run_actorrt, run_onnxruntime
+
+    rng = np.random.default_rng(0)
+    k, n = 8, 4
+    w1 = rng.standard_normal((k, n)).astype(np.float32)
+    w2 = rng.standard_normal((k, n)).astype(np.float32)
+    then_g = helper.make_graph(
+        [helper.make_node("Gemm", ["A", "W2"], ["T"], name=names[1])], "then", [],
+        [helper.make_tensor_value_info("T", TP.FLOAT, [1, n])], [numpy_helper.from_array(w2, "W2")])
+    else_g = helper.make_graph([helper.make_node("Identity", ["Y1"], ["E"])], "else", [],
+                               [helper.make_tensor_value_info("E", TP.FLOAT, [1, n])])
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["A", "W1"], ["Y1"], name=names[0]),
+         helper.make_node("If", ["C"], ["Y2"], then_branch=then_g, else_branch=else_g)], "g",
+        [helper.make_tensor_value_info("A", TP.FLOAT, [1, k]),
+         helper.make_tensor_value_info("C", TP.BOOL, [])],
+        [helper.make_empty_tensor_value_info("Y1"), helper.make_empty_tensor_value_info("Y2")],
+        [numpy_helper.from_array(w1, "W1")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"A": rng.standard_normal((1, k)).astype(np.float32), "C": np.array(True)}
+    got = run_actorrt(m, feeds)
+    want = run_onnxruntime(m, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert np.abs(got[1] - got[0]).max() > 0.1  # the branch used its own weight

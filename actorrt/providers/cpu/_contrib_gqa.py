@@ -52,6 +52,35 @@ def _rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool) ->
     return x
 
 
+def _lengths(seqlens_k, total_sequence_length, bsz: int, s: int) -> tuple[np.ndarray, int]:
+    """``(seqlens (B,) int64, total)`` after onnxruntime's checks: one total
+    length >= S, one seqlens_k entry per batch row, each in [0, total).
+
+    Raises:
+        ValueError: a length input breaks those rules.
+    """
+    if seqlens_k is None or total_sequence_length is None:
+        raise ValueError("GroupQueryAttention: seqlens_k and total_sequence_length are required")
+    tot = np.asarray(total_sequence_length).reshape(-1)
+    if tot.size != 1:
+        raise ValueError(f"GroupQueryAttention: total_sequence_length must hold one value, got "
+                         f"{tot.size}")
+    total = int(tot[0])
+    if total < s:
+        raise ValueError(f"GroupQueryAttention: total_sequence_length {total} is shorter than "
+                         f"sequence_length {s}")
+    seqlens = np.asarray(seqlens_k).reshape(-1).astype(np.int64, copy=False)
+    if seqlens.shape[0] != bsz:
+        raise ValueError(f"GroupQueryAttention: seqlens_k has {seqlens.shape[0]} entries "
+                         f"for a batch of {bsz}")
+    bad = np.flatnonzero((seqlens < 0) | (seqlens >= total))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"GroupQueryAttention: seqlens_k[{b}] = {int(seqlens[b])} is out of "
+                         f"range [0, {total}) (total_sequence_length {total})")
+    return seqlens, total
+
+
 @cpu_kernel("GroupQueryAttention", domain="com.microsoft")
 class GroupQueryAttention(Kernel):
     """com.microsoft GroupQueryAttention: query (B, S, H*D) or packed QKV
@@ -108,16 +137,22 @@ class GroupQueryAttention(Kernel):
         if self.fused:
             _nb.warm_up()
 
-    def _run_fused(self, query, key, value, past_key, past_value, seqlens_k,
-                   total_sequence_length, cos_cache, sin_cache, position_ids):
-        """float32 without bias/softcap/sink: one numba pass (see
-        :func:`._contrib_numba.gqa_attention`); shapes are checked here because
-        the compiled kernel does not bounds-check."""
+    def _check(self, query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+               cos_cache, sin_cache, position_ids):
+        """Shape checks shared by both paths (the compiled kernel does not
+        bounds-check). Returns ``(B, S, head_size, past length, seqlens, total)``.
+
+        Raises:
+            ValueError: an input's shape or a length breaks the contrib op's rules.
+        """
         h, kvh = self.h, self.kvh
-        if query.ndim != 3:
+        if query is None or query.ndim != 3:
             raise ValueError(f"GroupQueryAttention: query must be (B, S, hidden), got "
-                             f"{query.shape}")
+                             f"{None if query is None else query.shape}")
         bsz, s, width = query.shape
+        if (key is None) != (value is None):
+            raise ValueError("GroupQueryAttention: key and value must both be given, or both "
+                             "be absent (packed QKV)")
         groups = h + 2 * kvh if key is None else h
         if width % groups:
             raise ValueError(f"GroupQueryAttention: query width {width} is not a multiple of "
@@ -125,22 +160,38 @@ class GroupQueryAttention(Kernel):
         d = width // groups
         if key is not None:
             for name, x in (("key", key), ("value", value)):
-                if x is None or x.shape != (bsz, s, kvh * d):
+                if x.shape != (bsz, s, kvh * d):
                     raise ValueError(f"GroupQueryAttention: {name} must be {(bsz, s, kvh * d)}, "
-                                     f"got {None if x is None else x.shape}")
-        total = int(np.asarray(total_sequence_length).reshape(-1)[0])
-        seqlens = np.asarray(seqlens_k).reshape(-1)
-        if seqlens.shape[0] != bsz:
-            raise ValueError(f"GroupQueryAttention: seqlens_k has {seqlens.shape[0]} entries "
-                             f"for a batch of {bsz}")
+                                     f"got {x.shape}")
+        seqlens, total = _lengths(seqlens_k, total_sequence_length, bsz, s)
         past_len = 0
-        if past_key is not None:
-            past_len = past_key.shape[2] if past_key.ndim == 4 else -1
+        if past_key is not None or past_value is not None:
+            ref = past_key if past_key is not None else past_value
+            past_len = ref.shape[2] if ref.ndim == 4 else -1
             for name, x in (("past_key", past_key), ("past_value", past_value)):
                 if x is None or x.shape != (bsz, kvh, past_len, d):
                     raise ValueError(f"GroupQueryAttention: {name} must be (B={bsz}, "
                                      f"KVH={kvh}, L, D={d}), got "
                                      f"{None if x is None else x.shape}")
+        if self.do_rotary:
+            cs, sn = np.shape(cos_cache), np.shape(sin_cache)
+            if len(cs) != 2 or sn != cs or not 0 < 2 * cs[1] <= d:
+                raise ValueError(f"GroupQueryAttention: cos_cache/sin_cache must be (positions, "
+                                 f"rotary_dim/2 <= {d // 2}), got {cs} and {sn}")
+            if position_ids is not None and np.size(position_ids) != bsz * s:
+                raise ValueError(f"GroupQueryAttention: position_ids must hold {bsz}x{s} "
+                                 f"positions, got {np.shape(position_ids)}")
+        return bsz, s, d, past_len, seqlens, total
+
+    def _run_fused(self, query, key, value, past_key, past_value, seqlens_k,
+                   total_sequence_length, cos_cache, sin_cache, position_ids):
+        """float32 without bias/softcap/sink: one numba pass (see
+        :func:`._contrib_numba.gqa_attention`); shapes are checked here because
+        the compiled kernel does not bounds-check."""
+        h, kvh = self.h, self.kvh
+        bsz, s, d, past_len, seqlens, total = self._check(
+            query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+            sin_cache, position_ids)
         present_len = max(total, past_len)
         if (past_key is not None and past_len == present_len and past_key.flags.writeable
                 and past_value.flags.writeable and not np.shares_memory(past_key, past_value)):
@@ -155,15 +206,8 @@ class GroupQueryAttention(Kernel):
         if self.do_rotary:
             cos = np.ascontiguousarray(_f32(cos_cache), np.float32)
             sin = np.ascontiguousarray(_f32(sin_cache), np.float32)
-            if cos.ndim != 2 or sin.shape != cos.shape or not 0 < 2 * cos.shape[1] <= d:
-                raise ValueError(f"GroupQueryAttention: cos_cache/sin_cache must be (positions, "
-                                 f"rotary_dim/2 <= {d // 2}), got {cos.shape} and {sin.shape}")
-        if position_ids is not None and self.do_rotary:
-            pos = np.asarray(position_ids, np.int64)
-            if pos.size != bsz * s:
-                raise ValueError(f"GroupQueryAttention: position_ids must hold {bsz}x{s} "
-                                 f"positions, got {pos.shape}")
-            pos = np.ascontiguousarray(pos.reshape(bsz, s))
+            if position_ids is not None:
+                pos = np.ascontiguousarray(np.asarray(position_ids, np.int64).reshape(bsz, s))
         y, status = _nb.gqa_attention(
             query, key, value, past_key if copy else present_k,
             past_value if copy else present_v, present_k, present_v, seqlens, total, cos, sin,
@@ -192,26 +236,21 @@ class GroupQueryAttention(Kernel):
                                    total_sequence_length, cos_cache, sin_cache, position_ids)
         h, kvh = self.h, self.kvh
         dt = query.dtype
-        bsz, s, width = query.shape
+        bsz, s, d, past_len, seqlens, total = self._check(
+            query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+            sin_cache, position_ids)
         qf = _f32(query)
         if key is None:  # packed QKV
-            d = width // (h + 2 * kvh)
             q = qf[..., :h * d]
             k = qf[..., h * d:(h + kvh) * d]
             v = qf[..., (h + kvh) * d:]
         else:
-            d = width // h
             q, k, v = qf, _f32(key), _f32(value)
-        if k.shape[1] != s:
-            raise ValueError("GroupQueryAttention: key must have the query's sequence length")
         q = q.reshape(bsz, s, h, d).transpose(0, 2, 1, 3)
         k = k.reshape(bsz, s, kvh, d).transpose(0, 2, 1, 3)
         v = v.reshape(bsz, s, kvh, d).transpose(0, 2, 1, 3)
 
-        seqlens = np.asarray(seqlens_k, np.int64).reshape(-1)
-        total = int(np.asarray(total_sequence_length).reshape(-1)[0])
         tot = seqlens + 1  # T_b
-        past_len = 0 if past_key is None else past_key.shape[2]
         present_len = max(total, past_len)
         first_prompt = s == total
         past = np.zeros_like(tot) if first_prompt else tot - s  # P_b

@@ -469,6 +469,6 @@ def warm_up() -> None:
     r = np.ones((1, 4), f32)
     skip_rms_norm(r, r, r[0], None, 1e-5)
     for fn in (_gqa, _gqa_serial):  # packed QKV, rotary, shared past/present buffer
-        fn(q, q, q, cache, cache, cache, cache, np.zeros(1, np.int32), 1, cs, cs, _NO_POS, 2, 1,
+        fn(q, q, q, cache, cache, cache, cache, np.zeros(1, np.int64), 1, cs, cs, _NO_POS, 2, 1,
            True, False, True, False, False, f32(1.0), 0, np.zeros((1, 1, 8), f32), 1)
     _WARM = True

@@ -156,7 +156,9 @@ def test_float16():
     check(case(rng, s=1, past=4, seqlens=[4], total=5, dtype=np.float16), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("what", ["seqlens", "positions", "key"])
+@pytest.mark.parametrize("what", ["seqlens", "positions", "key", "prompt_seqlens",
+                                  "negative_seqlens", "total_short", "total_two", "seqlens_count",
+                                  "value_missing"])
 def test_bad_inputs_raise_kernel_error(what):
     """Both kernels reject inputs that do not fit, naming the node; the fused
     one checks before touching the (possibly donated) cache."""
@@ -168,7 +170,25 @@ def test_bad_inputs_raise_kernel_error(what):
         feeds["total_sequence_length"] = np.asarray(9, np.int32)
         feeds["past_key"] = feeds["past_key"][:, :, :3]
         feeds["past_value"] = feeds["past_value"][:, :, :3]
-        msg = "do not fit|shorter"
+        msg = "do not fit|shorter|out of range"
+    elif what == "prompt_seqlens":  # onnxruntime: "seqlens_k[0] = 10 is out of range [0, 4)"
+        feeds = case(rng, b=2, s=4, past=0, seqlens=[10, 2], total=4, rotary=True, max_pos=8)
+        msg = r"seqlens_k\[0\] = 10 is out of range \[0, 4\)"
+    elif what == "negative_seqlens":
+        feeds["seqlens_k"] = np.asarray([4, -1], np.int32)
+        msg = r"seqlens_k\[1\] = -1 is out of range"
+    elif what == "total_short":  # total_sequence_length below the new tokens
+        feeds = case(rng, b=1, s=4, past=6, seqlens=[3], total=3, rotary=True, max_pos=16)
+        msg = "total_sequence_length 3 is shorter than sequence_length 4"
+    elif what == "total_two":
+        feeds["total_sequence_length"] = np.asarray([5, 6], np.int32)
+        msg = "total_sequence_length must hold one value"
+    elif what == "seqlens_count":
+        feeds["seqlens_k"] = np.asarray([4, 2, 2], np.int32)
+        msg = "seqlens_k has 3 entries for a batch of 2"
+    elif what == "value_missing":
+        del feeds["value"]
+        msg = "key and value must both be given"
     elif what == "positions":  # position 8 >= 8 cos rows
         feeds = case(rng, b=2, s=1, past=8, seqlens=[8, 2], total=9, rotary=True, max_pos=8)
         msg = "exceed cos_cache"

@@ -186,8 +186,7 @@ class GroupQueryAttention(Kernel):
     def _run_fused(self, query, key, value, past_key, past_value, seqlens_k,
                    total_sequence_length, cos_cache, sin_cache, position_ids):
         """float32 without bias/softcap/sink: one numba pass (see
-        :func:`._contrib_numba.gqa_attention`); shapes are checked here because
-        the compiled kernel does not bounds-check."""
+        :func:`._contrib_numba.gqa_attention`) after :meth:`_check`."""
         h, kvh = self.h, self.kvh
         bsz, s, d, past_len, seqlens, total = self._check(
             query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,

@@ -296,7 +296,7 @@ if HAVE_NUMBA:
                         pv[b, kh, t, j] = value[b, s, voff + kh * d + j]
                     if rotary:
                         _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
-        # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch, head)
+        # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch row, KV head)
         pairs = bsz * kvh
         per = (pairs + chunks - 1) // chunks
         for c in prange(chunks):

@@ -31,6 +31,9 @@ def interrupted(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or sys.argv[1:] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        sys.exit(0 if len(sys.argv) == 2 else 2)
     try:
         trio.run(main, sys.argv[1] if len(sys.argv) > 1 else "Once upon a time")
     except BaseException as exc:  # noqa: BLE001 - only Ctrl-C is handled here

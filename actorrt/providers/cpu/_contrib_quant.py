@@ -131,14 +131,12 @@ def _pad_k(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def matmul_nbits_numba(a: np.ndarray, p: PackedNBits, out: np.ndarray | None = None
-                       ) -> np.ndarray:
+def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     """(M, K) float32 @ packed B -> (M, N) float32 with the numba kernels: the
     fused GEMV for one row, the column-dequantizing GEMM for more. Neither keeps
-    a float copy of B. ``out``: an (M, N) float32 C-contiguous array to write."""
+    a float copy of B."""
     m = a.shape[0]
-    if out is None:
-        out = np.empty((m, p.n), np.float32)
+    out = np.empty((m, p.n), np.float32)
     ap = _pad_k(a, p)
     if m == 1:
         _nb.gemv_q8(ap, p.q, p.scales, p.zps, out)

@@ -3,8 +3,10 @@
 * ``actorrt run MODEL [--input NAME=FILE.npy ...] [--random-inputs] [--repeat N]
   [--compare-ort] [--placement] [--trace out.json] [--fallback]``
 * ``actorrt generate PROMPT [--model smollm2|PATH] [--max-new-tokens N] [--greedy |
-  --temperature T --top-p P --top-k K] [--seed S] [--chat] [--stats]``
-* ``actorrt bench decode [--concurrency 1,2,4,8,16] [--max-new-tokens N] [--rounds R]``
+  --temperature T --top-p P --top-k K] [--seed S] [--chat] [--stats]
+  [--accuracy-level 0|4]``
+* ``actorrt bench decode [--concurrency 1,2,4,8,16] [--max-new-tokens N] [--rounds R]
+  [--accuracy-level 0|4]``
 """
 
 from __future__ import annotations
@@ -158,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wrap PROMPT as a user message in the model's chat template")
     g.add_argument("--stats", action="store_true",
                    help="print prompt and decode tok/s to stderr")
+    g.add_argument("--accuracy-level", type=int, choices=(0, 4), default=0,
+                   help="MatMulNBits accuracy_level: 0 keeps activations float32 (matches "
+                        "onnxruntime on the same file); 4 quantizes them to int8 per "
+                        "32-value block (faster decode, as onnxruntime-genai CPU models "
+                        "and llama.cpp do)")
     g.set_defaults(func=_cmd_generate)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -172,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads of the parallel kernels (capped at the cores)")
     bd.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds over the levels; medians are printed")
+    bd.add_argument("--accuracy-level", type=int, choices=(0, 4), default=0,
+                    help="MatMulNBits accuracy_level: 0 keeps activations float32 (matches "
+                         "onnxruntime on the same file); 4 quantizes them to int8 per "
+                         "32-value block (faster decode, as onnxruntime-genai CPU models "
+                         "and llama.cpp do)")
     bd.set_defaults(func=_cmd_bench)
     return ap
 

@@ -1,7 +1,10 @@
 """LLM benchmarks on the default model (SmolLM2-135M, Q4_1 GGUF -> ONNX):
 prompt and decode tok/s for greedy tokens, 2 threads, against onnxruntime on
 the same ONNX file in the same run, and the aggregate decode curve of the
-concurrent engine.
+concurrent engine. Both MatMulNBits accuracy levels are measured: 0 (float32
+activations, ``model.onnx``) and 4 (int8 activations,
+``model.accuracy4.onnx``; onnxruntime 1.32 quantizes only the Q8_0 head there,
+as it keeps float32 activations for weights with float zero points).
 
     python benchmarks/bench_genai.py [--new-tokens 128] [--ort-tokens 8]
 """
@@ -16,6 +19,7 @@ import numpy as np
 import trio
 
 from actorrt.genai import SamplingParams, open_engine, prepare_model
+from actorrt.genai.models import model_file
 from actorrt.genai.cli import concurrency_curve, print_curve
 
 PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a Celtic "
@@ -23,7 +27,8 @@ PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a
           "conquered the area in 52 BC and built a town they called Lutetia. In the")
 
 
-def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[float, float]:
+def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int,
+               level: int = 0) -> tuple[float, float]:
     """(prompt tok/s, decode tok/s) of onnxruntime on the same file."""
     import onnxruntime as ort
     cfg = json.loads((folder / "genai_config.json").read_text())
@@ -31,7 +36,8 @@ def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[f
                        cfg["model"]["head_dim"])
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(str(folder / "model.onnx"), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(model_file(folder, level)), so,
+                                providers=["CPUExecutionProvider"])
     names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     past = {f"past_key_values.{i}.{k}": np.zeros((1, kvh, 0, hd), np.float32)
             for i in range(layers) for k in ("key", "value")}
@@ -53,10 +59,11 @@ def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int) -> tuple[f
     return len(ids) / (t_first - t0), new_tokens / (t_end - t_first)
 
 
-def weight_bytes_per_token(folder) -> tuple[int, int]:
-    """(bytes of the MatMulNBits weights in the file, bytes the numba kernels
-    stream: one byte per quantized value plus float32 scales and zero points).
-    Every decode step reads each of them once."""
+def weight_bytes_per_token(folder) -> tuple[int, int, int]:
+    """(bytes of the MatMulNBits weights in the file, bytes the float32-activation
+    numba kernels stream: one byte per quantized value plus float32 scales and
+    zero points, bytes the int8 kernels stream: the packed values plus float32
+    scale and scale * zero point). Every decode step reads each once."""
     import onnx
     m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     sizes = {}
@@ -65,7 +72,7 @@ def weight_bytes_per_token(folder) -> tuple[int, int]:
         for d in t.dims:
             n *= d
         sizes[t.name] = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    file_b = kern_b = 0
+    file_b = kern_b = int8_b = 0
     for node in m.graph.node:
         if node.op_type != "MatMulNBits":
             continue
@@ -74,7 +81,8 @@ def weight_bytes_per_token(folder) -> tuple[int, int]:
         nb = -(-k // bs)
         file_b += sum(sizes.get(x, 0) for x in node.input[1:4] if x)
         kern_b += n * nb * bs + 2 * 4 * n * nb
-    return file_b, kern_b
+        int8_b += n * nb * (bs * at.get("bits", 4) // 8) + 2 * 4 * n * nb
+    return file_b, kern_b, int8_b
 
 
 def read_bandwidth(threads: int, nbytes: int = 256 << 20) -> float:
@@ -94,8 +102,8 @@ def read_bandwidth(threads: int, nbytes: int = 256 << 20) -> float:
     return best
 
 
-async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int):
-    async with open_engine(folder, max_batch=max(levels)) as engine:
+async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int, accuracy_level: int):
+    async with open_engine(folder, max_batch=max(levels), accuracy_level=accuracy_level) as engine:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         single = await engine.generate(PROMPT, params)
@@ -117,29 +125,36 @@ def main() -> None:
     threads = _contrib_numba.set_num_threads(2)  # the issue's setting; ORT gets 2 too
     folder = prepare_model("smollm2")
     levels = [int(x) for x in args.concurrency.split(",")]
-    single, n_prompt, curve = trio.run(ours, folder, args.new_tokens, levels, max(1, args.rounds))
+    runs = {lv: trio.run(ours, folder, args.new_tokens, levels, max(1, args.rounds), lv)
+            for lv in (0, 4)}
     from actorrt.genai.tokenizer import load_tokenizer
     ids = load_tokenizer(folder).encode(PROMPT)
-    ort_prompt, ort_decode = ort_greedy(folder, ids, args.ort_tokens, threads=2)
-    print(f"SmolLM2-135M Q4_1, prompt {n_prompt} tokens, {threads} kernel threads "
+    peer = {lv: ort_greedy(folder, ids, args.ort_tokens, threads=2, level=lv) for lv in (0, 4)}
+    print(f"SmolLM2-135M Q4_1, prompt {runs[0][1]} tokens, {threads} kernel threads "
           f"(onnxruntime: 2 intra-op threads)")
-    print(f"{'':24} {'prompt tok/s':>13} {'decode tok/s':>13}")
-    print(f"{'actorrt':24} {single.prompt_tokens_per_s:13.1f} {single.decode_tokens_per_s:13.1f}"
-          f"   ({len(single.token_ids)} greedy tokens)")
-    print(f"{'onnxruntime (same file)':24} {ort_prompt:13.1f} {ort_decode:13.1f}"
-          f"   ({args.ort_tokens} greedy tokens)")
-    print(f"{'ratio actorrt/ort':24} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
-          f"{single.decode_tokens_per_s / ort_decode:13.2f}")
-    file_b, kern_b = weight_bytes_per_token(folder)
+    print(f"{'':34} {'prompt tok/s':>13} {'decode tok/s':>13}")
+    for lv in (0, 4):
+        single = runs[lv][0]
+        ort_prompt, ort_decode = peer[lv]
+        print(f"{f'actorrt, accuracy_level {lv}':34} {single.prompt_tokens_per_s:13.1f} "
+              f"{single.decode_tokens_per_s:13.1f}   ({len(single.token_ids)} greedy tokens)")
+        print(f"{f'onnxruntime, same file':34} {ort_prompt:13.1f} {ort_decode:13.1f}"
+              f"   ({args.ort_tokens} greedy tokens)")
+        print(f"{'ratio actorrt/ort':34} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
+              f"{single.decode_tokens_per_s / ort_decode:13.2f}")
+    file_b, kern_b, int8_b = weight_bytes_per_token(folder)
     bw = read_bandwidth(threads)
     print(f"\nmemory roof (decode is a pass over the weights per token): read bandwidth "
-          f"{bw / 1e9:.1f} GB/s ({threads} threads, numpy sums, this run)")
-    print(f"  weights in the file {file_b / 1e6:.0f} MB/token -> roof {bw / file_b:.0f} tok/s; "
-          f"as the kernels stream them {kern_b / 1e6:.0f} MB/token -> roof {bw / kern_b:.0f} "
-          f"tok/s; actorrt decode {single.decode_tokens_per_s:.1f} tok/s = "
-          f"{single.decode_tokens_per_s * kern_b / bw:.0%} of the kernels' roof")
-    print("\nconcurrent engine, greedy streams (short prompts, 64 new tokens each):")
-    print_curve(curve)
+          f"{bw / 1e9:.1f} GB/s ({threads} threads, numpy sums, this run); weights in the "
+          f"file {file_b / 1e6:.0f} MB/token -> roof {bw / file_b:.0f} tok/s")
+    for lv, nbytes in ((0, kern_b), (4, int8_b)):
+        dec = runs[lv][0].decode_tokens_per_s
+        print(f"  accuracy_level {lv}: the kernels stream {nbytes / 1e6:.0f} MB/token -> roof "
+              f"{bw / nbytes:.0f} tok/s; decode {dec:.1f} tok/s = {dec * nbytes / bw:.0%} of it")
+    for lv in (0, 4):
+        print(f"\nconcurrent engine, accuracy_level {lv}, greedy streams (short prompts, "
+              f"64 new tokens each):")
+        print_curve(runs[lv][2])
 
 
 if __name__ == "__main__":

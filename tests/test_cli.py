@@ -70,3 +70,14 @@ def test_generate_rejects_bad_flags_before_loading_a_model(argv, msg, capsys):
 def test_bench_decode_rejects_bad_numbers(argv, msg, capsys):
     assert main(["bench", "decode", "--model", "/nonexistent.gguf", *argv]) == 2
     assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [["generate", "Hi"], ["bench", "decode"]])
+def test_accuracy_level_flag_takes_only_the_offered_levels(cmd, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*cmd, "--model", "/nonexistent.gguf", "--accuracy-level", "2"])
+    assert exc.value.code == 2
+    assert "--accuracy-level: invalid choice: 2 (choose from 0, 4)" in capsys.readouterr().err
+    from actorrt.cli import build_parser
+    assert build_parser().parse_args([*cmd, "--accuracy-level", "4"]).accuracy_level == 4
+    assert build_parser().parse_args(cmd).accuracy_level == 0

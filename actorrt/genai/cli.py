@@ -49,7 +49,7 @@ def generate_main(args: argparse.Namespace) -> int:
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
 
     async def main() -> None:
-        async with open_engine(args.model) as engine:
+        async with open_engine(args.model, accuracy_level=args.accuracy_level) as engine:
             if not args.chat:
                 _write(args.prompt)
             res = None
@@ -203,12 +203,13 @@ def bench_decode_main(args: argparse.Namespace) -> int:
     threads = _contrib_numba.set_num_threads(getattr(args, "threads", 2))
 
     async def main() -> None:
-        async with open_engine(args.model, max_batch=max(levels)) as engine:
+        async with open_engine(args.model, max_batch=max(levels),
+                               accuracy_level=args.accuracy_level) as engine:
             await engine.generate(BENCH_PROMPTS[0], SamplingParams(max_new_tokens=4))  # warm up
             rounds = [await concurrency_curve(engine, levels, args.max_new_tokens)
                       for _ in range(args.rounds)]
         print(f"{threads} kernel threads, {args.max_new_tokens} tokens per stream, "
-              f"{args.rounds} rounds")
+              f"{args.rounds} rounds, accuracy_level {args.accuracy_level}")
         print_curve(rounds)
 
     return _run_reporting(main)

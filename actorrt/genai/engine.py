@@ -602,7 +602,8 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                       kv_budget_bytes: int | None = None, prefill_chunk: int = 64,
                       providers: Sequence[Any] | None = None,
                       options: SessionOptions | None = None,
-                      home: str | Path | None = None) -> AsyncIterator[Engine]:
+                      home: str | Path | None = None,
+                      accuracy_level: int = 0) -> AsyncIterator[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits.
 
@@ -619,11 +620,18 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             already spread over every core, and running the q/k/v or gate/up
             branches side by side on top of that oversubscribed the cores
             (measured here: slower at batch 1 and at batch 8).
+        home: model cache root (see :func:`actorrt.genai.prepare_model`).
+        accuracy_level: ``MatMulNBits`` ``accuracy_level`` of the graph to run
+            (:func:`actorrt.genai.models.model_file`): 0 keeps activations in
+            float32 (the logits match onnxruntime on the same file to 1e-3);
+            4 quantizes them to int8 per 32-value block where the CPU has
+            AVX2 (faster decode, logits within a few 1e-2 of level 0).
 
     Raises:
-        ModelLoadError: the model cannot be fetched, built or loaded.
+        ModelLoadError: the model cannot be fetched, built or loaded, or an
+            unknown ``accuracy_level``.
     """
-    from .models import prepare_model
+    from .models import model_file, prepare_model
     from .tokenizer import load_tokenizer
 
     p = Path(model)
@@ -635,7 +643,8 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
     if options is None:
         options = SessionOptions(parallel_execution=False)
-    async with open_session(folder / "model.onnx", providers, options) as session:
+    path = await trio.to_thread.run_sync(model_file, folder, accuracy_level)
+    async with open_session(path, providers, options) as session:
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
                         kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk)
         async with trio.open_nursery() as nursery:

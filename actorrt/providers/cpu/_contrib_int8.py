@@ -1,0 +1,378 @@
+"""MatMulNBits with int8 activations (``accuracy_level=4``): integer block dot
+products over the packed weights, as onnxruntime's CompInt8 and llama.cpp's
+Q4_1 x Q8_1 kernels do.
+
+``accuracy_level=4`` (onnxruntime contrib op MatMulNBits) lets a kernel
+quantize A to int8 "with the same block_size". Here each 32-value block of a
+row of A gets a symmetric scale ``sx = max|a| / 127`` and values
+``xq = round_half_even(a / sx)`` in [-127, 127]; a block's contribution to
+``y[m, n]`` is then
+
+    scale[n, b] * sx[m, b] * sum_i(q[n, b, i] * xq[m, b, i])
+        - scale[n, b] * zp[n, b] * sx[m, b] * sum_i(xq[m, b, i])
+
+(the first sum in integers). The weights stay as the file packs them: 4-bit
+values two per byte (16 bytes per block, as MatMulNBits packs them), 8-bit
+values one signed byte per value. Per block the kernel streams 16 (or 32) bytes of
+weights plus two float32 numbers (``scale`` and ``scale * zp``): 0.75 bytes
+per 4-bit weight, where the float32-activation kernels of
+:mod:`._contrib_numba` stream 1.25.
+
+The block dot product is written in LLVM IR with the AVX2 byte
+multiply-add instructions (``vpmaddubsw``, ``vpmaddwd``): numba's own loops
+vectorize a 32-value integer dot product with a horizontal reduction per
+block, ~4x slower. :data:`HAVE_INT8_DOT` is False without numba, off x86-64,
+without AVX2, or when numba compiles for another CPU than the host
+(``NUMBA_CPU_NAME``); MatMulNBits then keeps float32 activations.
+
+Layouts (C-contiguous):
+    ``w``: 4-bit (N, n_blocks * 16) uint8, value ``2i`` of a block in the low
+    nibble of byte ``i`` (MatMulNBits' own layout); 8-bit (N, n_blocks * 32)
+    int8 holding ``q - 128``, each block reordered as values 0, 2, ..., 30,
+    1, 3, ..., 31.
+    ``d`` / ``dz``: (N, n_blocks) float32 scale and scale * zero point
+    (8-bit: scale * (zero point - 128)).
+    ``xq``: (M, n_blocks * 32) int8, each block reordered even values first,
+    then odd (the order the 4-bit bytes unpack to); ``sx`` / ``xsum``:
+    (M, n_blocks) float32 block scales and ``sx * sum(xq)``.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from . import _contrib_numba as _nb
+
+__all__ = ["HAVE_INT8_DOT", "BLOCK", "gemm_i8", "pack_i8", "quantize_rows", "warm_up"]
+
+#: values per block of the int8 kernels (MatMulNBits block_size must match)
+BLOCK = 32
+
+
+def _host_has_avx2() -> bool:
+    if not _nb.HAVE_NUMBA or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import numba
+        import llvmlite.binding as ll
+        if numba.config.CPU_NAME or numba.config.CPU_FEATURES:
+            return False  # compiling for another CPU: the AVX2 intrinsics may not exist there
+        return bool(ll.get_host_cpu_features().get("avx2", False))
+    except Exception:  # pragma: no cover - llvmlite without host feature queries
+        return False
+
+
+HAVE_INT8_DOT = _host_has_avx2()
+#: one row of A (decode at batch 1) runs on one thread below this many weights
+GEMV_PARALLEL_MIN_WEIGHTS = 1 << 22
+_WARM = False
+
+if HAVE_INT8_DOT:
+    from llvmlite import ir
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _i8, _i16, _i32, _i64, _f32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32),
+                                   ir.IntType(64), ir.FloatType())
+    _V = ir.VectorType
+
+    def _splat(t, value, n):
+        return ir.Constant(_V(t, n), [value] * n)
+
+    def _load_vec(builder, base, index, vty):
+        return builder.load(builder.bitcast(builder.gep(base, [index]), vty.as_pointer()),
+                            align=1)
+
+    def _as_i64(builder, v):
+        return v if v.type == _i64 else builder.sext(v, _i64)
+
+    def _hsum(builder, v):
+        half = builder.fadd(
+            builder.shuffle_vector(v, v, ir.Constant(_V(_i32, 4), [0, 1, 2, 3])),
+            builder.shuffle_vector(v, v, ir.Constant(_V(_i32, 4), [4, 5, 6, 7])))
+        two = builder.fadd(builder.shuffle_vector(half, half, ir.Constant(_V(_i32, 2), [0, 1])),
+                           builder.shuffle_vector(half, half, ir.Constant(_V(_i32, 2), [2, 3])))
+        return builder.fadd(builder.extract_element(two, _i32(0)),
+                            builder.extract_element(two, _i32(1)))
+
+    def _dot_blocks_codegen(bits, rows):
+        """IR of, for r < rows: sum over blocks b < nb of d[d_off + b] *
+        sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
+        (integer sums), one <8 x float> accumulator per row; each weight block
+        is loaded (and its nibbles split) once for all rows."""
+
+        def codegen(context, builder, sig, args):
+            wa, xa, sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                              for i in (0, 2, 4, 6))
+            w_off, x_off, s_off, d_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8))
+            mod = builder.module
+            v32, v16i16, v8i32, v8f = _V(_i8, 32), _V(_i16, 16), _V(_i32, 8), _V(_f32, 8)
+            maddubs = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(v16i16, [v32, v32]), "llvm.x86.avx2.pmadd.ub.sw")
+            maddwd = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd")
+            psign = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(v32, [v32, v32]), "llvm.x86.avx2.psign.b")
+            entry = builder.block
+            loop = builder.append_basic_block("i8dot.loop")
+            done = builder.append_basic_block("i8dot.done")
+            zero = _splat(_f32, 0.0, 8)
+            ones = _splat(_i16, 1, 16)
+            row_x = builder.mul(nb, _i64(BLOCK))
+            builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
+
+            builder.position_at_end(loop)
+            b = builder.phi(_i64)
+            b.add_incoming(_i64(0), entry)
+            accs = []
+            for _ in range(rows):
+                acc = builder.phi(v8f)
+                acc.add_incoming(zero, entry)
+                accs.append(acc)
+            if bits == 4:
+                # 16 bytes -> 32 values 0..15: low nibbles (even values), then high
+                raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(16))),
+                                _V(_i8, 16))
+                lo = builder.and_(raw, _splat(_i8, 15, 16))
+                hi = builder.lshr(raw, _splat(_i8, 4, 16))
+                wv = builder.shuffle_vector(lo, hi, ir.Constant(_V(_i32, 32), list(range(32))))
+            else:
+                # signed x signed as |w| (<= 128 as u8) times sign(w) * x
+                ws = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(BLOCK))), v32)
+                wv = builder.call(psign, [ws, ws])
+            dval = builder.load(builder.gep(da, [builder.add(d_off, b)]))
+            x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
+            s_at = builder.add(s_off, b)
+            new_accs = []
+            for r, acc in enumerate(accs):
+                xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
+                if bits == 8:
+                    xv = builder.call(psign, [xv, ws])
+                # |pair| <= 2 * 15 * 127 (4-bit) or 2 * 128 * 127 (8-bit): no saturation
+                isum = builder.call(maddwd, [builder.call(maddubs, [wv, xv]), ones])
+                sxv = builder.load(builder.gep(sa, [builder.add(s_at, builder.mul(nb, _i64(r)))]))
+                scale = builder.fmul(dval, sxv)
+                sv = builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(v8f, None), scale, _i32(0)),
+                    ir.Constant(v8f, None), ir.Constant(_V(_i32, 8), [0] * 8))
+                new_accs.append(builder.fadd(
+                    acc, builder.fmul(builder.sitofp(isum, v8f), sv, flags=("fast",)),
+                    flags=("fast",)))
+            b1 = builder.add(b, _i64(1))
+            b.add_incoming(b1, loop)
+            for acc, acc1 in zip(accs, new_accs):
+                acc.add_incoming(acc1, loop)
+            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
+
+            builder.position_at_end(done)
+            totals = []
+            for acc1 in new_accs:  # every phi first, then the reductions
+                total = builder.phi(v8f)
+                total.add_incoming(zero, entry)
+                total.add_incoming(acc1, loop)
+                totals.append(total)
+            sums = [_hsum(builder, t) for t in totals]
+            if rows == 1:
+                return sums[0]
+            return context.make_tuple(builder, sig.return_type, sums)
+
+        return codegen
+
+    def _dot_intrinsic(bits, rows):
+        def typer(typingctx, w, w_off, xq, x_off, sx, s_off, d, d_off, nb):
+            ret = types.float32 if rows == 1 else types.UniTuple(types.float32, rows)
+            return ret(w, w_off, xq, x_off, sx, s_off, d, d_off, nb), _dot_blocks_codegen(bits,
+                                                                                       rows)
+        typer.__name__ = f"_dot_q{bits}_i8_x{rows}"
+        return intrinsic(typer)
+
+    _dot_q4 = _dot_intrinsic(4, 1)
+    _dot_q8 = _dot_intrinsic(8, 1)
+    _dot4_q4 = _dot_intrinsic(4, 4)
+    _dot4_q8 = _dot_intrinsic(8, 4)
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _quantize_rows(a, xq, sx, xsum):  # pragma: no cover - compiled
+        # a (M, nb*32) float32 -> xq (M, nb*32) int8 (even values, then odd, per
+        # block), sx / xsum (M, nb)
+        nb = sx.shape[1]
+        for m in range(a.shape[0]):
+            row = a[m]
+            for b in range(nb):
+                base = b * 32
+                amax = np.float32(0.0)
+                for j in range(32):
+                    v = abs(row[base + j])
+                    if v > amax:
+                        amax = v
+                scale = amax / np.float32(127.0)
+                inv = np.float32(1.0) / scale if scale > 0 else np.float32(0.0)
+                total = 0
+                for j in range(16):
+                    q0 = min(max(np.rint(row[base + 2 * j] * inv), -127.0), 127.0)
+                    q1 = min(max(np.rint(row[base + 2 * j + 1] * inv), -127.0), 127.0)
+                    xq[m, base + j] = np.int8(q0)
+                    xq[m, base + 16 + j] = np.int8(q1)
+                    total += np.int32(q0) + np.int32(q1)
+                sx[m, b] = scale
+                xsum[m, b] = scale * np.float32(total)
+
+    def _cols_kernel(dot, dot4, per_block):
+        def cols(xq, sx, xsum, w, d, dz, out, lo, hi):  # pragma: no cover - compiled
+            # output columns lo..hi for every row of xq, four rows per pass over
+            # a weight row (read from memory once, reused from L1)
+            m_rows = xq.shape[0]
+            nb = d.shape[1]
+            kp = xq.shape[1]
+            wf = w.reshape(-1)
+            df = d.reshape(-1)
+            xf = xq.reshape(-1)
+            sf = sx.reshape(-1)
+            for n in range(lo, hi):
+                w_at = n * nb * per_block
+                m = 0
+                while m + 4 <= m_rows:
+                    t = dot4(wf, w_at, xf, m * kp, sf, m * nb, df, n * nb, nb)
+                    for r in range(4):
+                        z = np.float32(0.0)
+                        for b in range(nb):
+                            z += dz[n, b] * xsum[m + r, b]
+                        out[m + r, n] = t[r] - z
+                    m += 4
+                while m < m_rows:
+                    t1 = dot(wf, w_at, xf, m * kp, sf, m * nb, df, n * nb, nb)
+                    z = np.float32(0.0)
+                    for b in range(nb):
+                        z += dz[n, b] * xsum[m, b]
+                    out[m, n] = t1 - z
+                    m += 1
+        return njit(fastmath=True, nogil=True, cache=True)(cols)
+
+    _cols_q4 = _cols_kernel(_dot_q4, _dot4_q4, 16)
+    _cols_q8 = _cols_kernel(_dot_q8, _dot4_q8, 32)
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _quantized(a):  # pragma: no cover - compiled
+        m, kp = a.shape
+        nb = kp // 32
+        xq = np.empty((m, kp), np.int8)
+        sx = np.empty((m, nb), np.float32)
+        xsum = np.empty((m, nb), np.float32)
+        _quantize_rows(a, xq, sx, xsum)
+        return xq, sx, xsum
+
+    # one compiled entry per call (quantize A, then the columns): each numba
+    # dispatch costs microseconds, and decode makes ~200 of these calls per token
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _serial_q4(a, w, d, dz, out):  # pragma: no cover - compiled
+        xq, sx, xsum = _quantized(a)
+        _cols_q4(xq, sx, xsum, w, d, dz, out, 0, w.shape[0])
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _serial_q8(a, w, d, dz, out):  # pragma: no cover - compiled
+        xq, sx, xsum = _quantized(a)
+        _cols_q8(xq, sx, xsum, w, d, dz, out, 0, w.shape[0])
+
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    def _par_q4(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
+        xq, sx, xsum = _quantized(a)
+        n_cols = w.shape[0]
+        per = (n_cols + chunks - 1) // chunks
+        for c in prange(chunks):
+            _cols_q4(xq, sx, xsum, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    def _par_q8(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
+        xq, sx, xsum = _quantized(a)
+        n_cols = w.shape[0]
+        per = (n_cols + chunks - 1) // chunks
+        for c in prange(chunks):
+            _cols_q8(xq, sx, xsum, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+
+
+def quantize_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize A for the int8 kernels.
+
+    Args:
+        a: (M, n_blocks * 32) float32, C-contiguous (zero-padded past K).
+
+    Returns:
+        ``(xq, sx, xsum)``: (M, n_blocks * 32) int8 (per block even values, then
+        odd), (M, n_blocks) float32 scales ``max|a| / 127`` and ``sx * sum(xq)``.
+    """
+    m, kp = a.shape
+    nb = kp // BLOCK
+    xq = np.empty((m, kp), np.int8)
+    sx = np.empty((m, nb), np.float32)
+    xsum = np.empty((m, nb), np.float32)
+    _quantize_rows(a, xq, sx, xsum)
+    return xq, sx, xsum
+
+
+def pack_i8(q: np.ndarray, scales: np.ndarray, zps: np.ndarray, bits: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weights of a block-32 MatMulNBits for :func:`gemm_i8`.
+
+    Args:
+        q: 4-bit: (N, n_blocks, 16) uint8 as MatMulNBits packs them (copied
+            as is); 8-bit: (N, n_blocks, 32) uint8.
+        scales / zps: (N, n_blocks) float32 scales and zero points.
+        bits: 4 or 8.
+
+    Returns:
+        ``(w, d, dz)`` in the layouts of the module docstring.
+    """
+    n, nb = scales.shape
+    d = np.ascontiguousarray(scales, np.float32)
+    if bits == 4:
+        # a copy, not a view of the (memory-mapped) initializer: numpy backs
+        # large arrays with transparent huge pages, and decode streams every
+        # weight each token; measured here ~8 % faster per step than the view
+        w = np.array(q, np.uint8, order="C").reshape(n, nb * 16)
+        dz = d * zps
+    else:
+        s = (q.astype(np.int16) - 128).astype(np.int8).reshape(n, nb, 16, 2)
+        w = np.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(n, nb * 32)
+        dz = d * (zps - np.float32(128))
+    return w, d, np.ascontiguousarray(dz, np.float32)
+
+
+def gemm_i8(a: np.ndarray, w: np.ndarray, d: np.ndarray, dz: np.ndarray, bits: int,
+            out: np.ndarray) -> None:
+    """out = A @ dequant(B)^T with A quantized to int8 per 32-value block.
+
+    Args:
+        a: (M, n_blocks * 32) float32, C-contiguous, zero-padded past K.
+        w, d, dz: from :func:`pack_i8`; bits: 4 or 8.
+        out: (M, N) float32, written.
+
+    Parallel over column chunks when M x N x K reaches
+    ``_contrib_numba.PARALLEL_MIN_WEIGHTS``.
+    """
+    n = w.shape[0]
+    work = a.shape[0] * n * a.shape[1]
+    least = GEMV_PARALLEL_MIN_WEIGHTS if a.shape[0] == 1 else _nb.PARALLEL_MIN_WEIGHTS
+    if work < least or n < 4:
+        (_serial_q4 if bits == 4 else _serial_q8)(a, w, d, dz, out)
+        return
+    chunks = max(1, min(n // 4, 2 * _nb.num_threads()))
+    _nb._parallel(_par_q4 if bits == 4 else _par_q8, a, w, d, dz, out, chunks)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) the int8 kernels once."""
+    global _WARM
+    if _WARM or not HAVE_INT8_DOT:
+        return
+    a = np.zeros((1, BLOCK), np.float32)
+    quantize_rows(a)
+    out = np.zeros((1, 2), np.float32)
+    d = np.ones((2, 1), np.float32)
+    for bits, per in ((4, 16), (8, 32)):
+        w = np.zeros((2, per), np.uint8 if bits == 4 else np.int8)
+        (_serial_q4 if bits == 4 else _serial_q8)(a, w, d, d, out)
+        (_par_q4 if bits == 4 else _par_q8)(a, w, d, d, out, 1)
+    _WARM = True

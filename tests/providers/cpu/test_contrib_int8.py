@@ -1,0 +1,199 @@
+"""MatMulNBits with ``accuracy_level=4``: the int8-activation kernels.
+
+Oracles: onnxruntime's own int8 path (CompInt8: used by onnxruntime 1.32 for
+4/8-bit weights without float zero points), and for float zero points (which
+onnxruntime computes in float32 instead) a numpy evaluation of the same
+arithmetic: A quantized per 32-value block to ``round_half_even(a / s)``,
+``s = max|a| / 127``, then the float64 product with the dequantized weight.
+"""
+
+import numpy as np
+import pytest
+
+from actorrt.providers.cpu import _contrib_int8 as ci
+from actorrt.providers.cpu import _contrib_numba as nbk
+from actorrt.providers.cpu import _contrib_quant as cq
+from tests.oracle import run_actorrt, run_onnxruntime
+from tests.providers.cpu.test_contrib_matmulnbits import mnb_model, quantized
+
+needs_int8 = pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+
+
+def dequantized(b, scales, zp, *, n, k, bits, block_size=32):
+    """(N, K) float64 weight from MatMulNBits inputs (the op's definition)."""
+    nb = -(-k // block_size)
+    q = cq.unpack_bits(b.reshape(n, nb, -1), bits, block_size).astype(np.float64)
+    z = cq._zero_points(zp, n=n, nb=nb, bits=bits).astype(np.float64)
+    w = (q - z[..., None]) * scales.astype(np.float64).reshape(n, nb)[..., None]
+    return w.reshape(n, nb * block_size)[:, :k]
+
+
+def int8_activations(a):
+    """A after the block-32 int8 round trip, float64 (zero-padded K kept out)."""
+    m, k = a.shape
+    kp = -(-k // 32) * 32
+    blocks = np.zeros((m, kp), np.float32)
+    blocks[:, :k] = a
+    blocks = blocks.reshape(m, kp // 32, 32)
+    s = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), s, out=np.zeros_like(s), where=s > 0)
+    q = np.clip(np.rint(blocks * inv), -127, 127)
+    return (q.astype(np.float64) * s).reshape(m, kp)[:, :k]
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zp_kind", ["none", "packed"])
+@pytest.mark.parametrize("m,k", [(1, 96), (3, 576), (4, 64), (5, 80), (8, 576), (13, 1536)])
+def test_int8_matches_onnxruntime_int8(bits, zp_kind, m, k):
+    # 4-row groups, their remainders, and K = 80 (zero-padded last block)
+    rng = np.random.default_rng(bits * 100 + m + k)
+    n = 70
+    b, s, zp = quantized(rng, n, k, bits, 32, zp_kind)
+    a = (rng.standard_normal((m, k)) * rng.choice([0.1, 1.0, 30.0], (m, k))).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=bits, block_size=32, accuracy_level=4)
+    (want,) = run_onnxruntime(model, feeds)
+    (got,) = run_actorrt(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    # and it is the int8 arithmetic, not float32 activations
+    exact = a.astype(np.float64) @ dequantized(b, s, zp, n=n, k=k, bits=bits).T
+    assert np.abs(got - exact).max() > 1e-4 * np.abs(exact).max()
+
+
+@needs_int8
+@pytest.mark.parametrize("m", [1, 4, 6])
+def test_int8_float_zero_points_match_the_int8_arithmetic(m):
+    # onnxruntime keeps float32 activations for float zero points (Q4_1-style
+    # weights); actorrt quantizes there too, as llama.cpp's Q4_1 x Q8_1 does
+    rng = np.random.default_rng(20 + m)
+    k, n = 576, 96
+    b, s, zp = quantized(rng, n, k, 4, 32, "float")
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=4, block_size=32, accuracy_level=4)
+    (got,) = run_actorrt(model, feeds)
+    w = dequantized(b, s, zp, n=n, k=k, bits=4)
+    want = int8_activations(a) @ w.T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    (f32,) = run_onnxruntime(model, feeds)  # float32 activations
+    err = np.abs(got - f32).max() / np.abs(f32).max()
+    assert 1e-5 < err < 2e-2  # the int8 rounding, and no more
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+def test_parallel_and_serial_kernels_agree(bits):
+    rng = np.random.default_rng(bits)
+    n, k = 517, 576  # N not a multiple of the chunk count
+    b, s, zp = quantized(rng, n, k, bits, 32, "packed")
+    p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=bits, block_size=32, use_numba=True, int8=True)
+    assert p.qi is not None and p.q is None and p.w is None
+    for m in (1, 2, 7):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        serial = np.empty((m, n), np.float32)
+        (ci._serial_q4 if bits == 4 else ci._serial_q8)(a, p.qi, p.scales, p.dz, serial)
+        for threads in (1, 2, 3):
+            nbk.set_num_threads(threads)
+            try:
+                par = np.empty((m, n), np.float32)
+                nbk._parallel(ci._par_q4 if bits == 4 else ci._par_q8, a, p.qi, p.scales, p.dz,
+                              par, 2 * threads)
+            finally:
+                nbk.set_num_threads(None)
+            np.testing.assert_allclose(par, serial, rtol=1e-6, atol=1e-6)
+        want = int8_activations(a) @ dequantized(b, s, zp, n=n, k=k, bits=bits).T
+        np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_int8
+def test_quantize_rows_is_the_block_int8_round_trip():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 96)).astype(np.float32) * 5
+    a[1, 32:64] = 0  # an all-zero block: scale 0, values 0
+    a[2, 5] = 1e4  # one outlier takes its block's scale
+    xq, sx, xsum = ci.quantize_rows(a)
+    assert xq.dtype == np.int8 and sx.shape == xsum.shape == (3, 3)
+    # per block: even-indexed values first, then odd-indexed
+    blocks = xq.reshape(3, 3, 2, 16).astype(np.float64)
+    natural = np.empty((3, 3, 32))
+    natural[..., 0::2] = blocks[:, :, 0]
+    natural[..., 1::2] = blocks[:, :, 1]
+    np.testing.assert_allclose(natural.reshape(3, 96) * np.repeat(sx, 32, axis=1),
+                               int8_activations(a), rtol=1e-6, atol=0)
+    assert np.abs(xq).max() <= 127 and sx[1, 1] == 0 and not xq[1, 32:64].any()
+    np.testing.assert_allclose(xsum, sx * natural.sum(-1), rtol=1e-6)
+
+
+def _node(**attrs):
+    from actorrt.providers import NodeSpec
+    return NodeSpec(name="m", op_type="MatMulNBits", domain="com.microsoft", opset=1,
+                    attrs=dict(attrs), inputs=("A", "B", "s", "zp"), outputs=("Y",))
+
+
+@needs_int8
+def test_only_accuracy_level_4_with_block_32_takes_the_int8_path():
+    rng = np.random.default_rng(4)
+    k, n = 64, 16
+    for attrs, int8 in [(dict(accuracy_level=4, block_size=32), True),
+                        (dict(accuracy_level=0, block_size=32), False),
+                        (dict(block_size=32), False),
+                        (dict(accuracy_level=4, block_size=64), False),
+                        (dict(accuracy_level=4, block_size=32, bits=2), False)]:
+        bits = attrs.pop("bits", 4)
+        b, s, zp = quantized(rng, n, k, bits, attrs["block_size"], "packed")
+        kern = cq.MatMulNBits(_node(K=k, N=n, bits=bits, **attrs))
+        kern.prepare({1: b, 2: s, 3: zp}, {})
+        assert (kern.packed.qi is not None) is int8, attrs
+        assert (kern.packed.q is not None) is (not int8), attrs
+
+
+@needs_int8
+def test_compiled_int8_closure_shapes_and_fallbacks():
+    rng = np.random.default_rng(5)
+    k, n = 96, 40
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    kern = cq.MatMulNBits(_node(K=k, N=n, bits=4, block_size=32, accuracy_level=4))
+    kern.prepare({1: b, 2: s, 3: zp}, {})
+    fn = kern.compile()
+    assert fn != kern.run
+    w = dequantized(b, s, zp, n=n, k=k, bits=4)
+    for shape in [(1, k), (1, 1, k), (2, 3, k), (5, k), (0, k)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        y = fn(a, b, s, zp)
+        assert y.shape == shape[:-1] + (n,) and y.dtype == np.float32
+        want = int8_activations(a.reshape(-1, k)) @ w.T
+        np.testing.assert_allclose(y.reshape(-1, n), want, rtol=1e-5, atol=1e-5)
+    a = rng.standard_normal((4, 2 * k)).astype(np.float32)[:, ::2]  # not contiguous: run()
+    np.testing.assert_allclose(fn(a, b, s, zp), int8_activations(a) @ w.T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="K=96"):
+        fn(np.zeros((1, k + 1), np.float32), b, s, zp)
+
+
+@needs_int8
+async def test_int8_path_is_recorded_on_the_trace_span():
+    import actorrt
+    rng = np.random.default_rng(6)
+    k, n = 64, 8
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    a = rng.standard_normal((1, k)).astype(np.float32)
+    spans = {}
+    for level in (0, 4):
+        model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=4, block_size=32,
+                                 accuracy_level=level)
+        async with actorrt.open_session(model,
+                                        options=actorrt.SessionOptions(trace="ops")) as sess:
+            await sess.run(None, feeds)
+            (spans[level],) = sess.tracer.spans
+    assert spans[4].args["kernel_variant.matmul"]["variant"] == "int8-dot"
+    assert spans[0].args["kernel_variant.matmul"]["variant"] == "f32-numba"
+
+
+def test_without_avx2_accuracy_level_4_keeps_float32_activations(monkeypatch):
+    monkeypatch.setattr(ci, "HAVE_INT8_DOT", False)
+    rng = np.random.default_rng(7)
+    k, n = 64, 24
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    a = rng.standard_normal((2, k)).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=4, block_size=32, accuracy_level=4)
+    (got,) = run_actorrt(model, feeds)
+    exact = a.astype(np.float64) @ dequantized(b, s, zp, n=n, k=k, bits=4).T
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)

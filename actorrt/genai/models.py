@@ -281,8 +281,8 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
             unreadable.
     """
     folder = Path(folder)
-    if accuracy_level not in ACCURACY_LEVELS:
-        raise ModelLoadError(f"accuracy_level must be one of {ACCURACY_LEVELS}, got "
+    if type(accuracy_level) is not int or accuracy_level not in ACCURACY_LEVELS:
+        raise ModelLoadError(f"accuracy_level must be one of {ACCURACY_LEVELS} (an int), got "
                              f"{accuracy_level!r}", model=str(folder))
     base = folder / "model.onnx"
     if accuracy_level == 0:
@@ -294,17 +294,26 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
         import onnx
 
         proto = onnx.load(str(base), load_external_data=False)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {base}: {exc}", model=str(folder)) from exc
+    except Exception as exc:  # OSError, protobuf's DecodeError, ...
+        raise ModelLoadError(f"cannot read {base}: {type(exc).__name__}: {exc}",
+                             model=str(folder)) from exc
     for node in proto.graph.node:
         if node.op_type == "MatMulNBits":
-            attrs_ = [a for a in node.attribute if a.name != "accuracy_level"]
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
             del node.attribute[:]
-            node.attribute.extend(attrs_)
+            node.attribute.extend(kept)
             node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
-    tmp = out.with_name(out.name + f".{os.getpid()}.part")
-    tmp.write_bytes(proto.SerializeToString())
-    os.replace(tmp, out)
+    tmp = None
+    try:  # a private temporary file, then an atomic rename: concurrent writers are safe
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=out.name + ".", suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(proto.SerializeToString())
+        os.replace(tmp, out)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot write {out} (is the model folder writable?): {exc}",
+                             model=str(folder)) from exc
     return out
 
 

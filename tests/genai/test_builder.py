@@ -351,8 +351,40 @@ def test_model_file_writes_the_accuracy_level_4_graph_once(tmp_path):
     models_mod.model_file(folder, 4)
     assert path.stat().st_mtime_ns != stamp
     assert not list(folder.glob("*.part"))
-    with pytest.raises(ModelLoadError, match=r"accuracy_level must be one of \(0, 4\)"):
-        models_mod.model_file(folder, 2)
+    for bad in (2, 4.0, True, "4"):
+        with pytest.raises(ModelLoadError, match=r"accuracy_level must be one of \(0, 4\)"):
+            models_mod.model_file(folder, bad)
+
+
+def test_model_file_concurrent_writers_and_a_corrupt_model(tmp_path):
+    import shutil
+    import threading
+    src = write_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = prepare_model(src, home=tmp_path / "home", progress=False)
+    errors, barrier = [], threading.Barrier(4)
+
+    def writer():
+        barrier.wait()
+        try:
+            assert models_mod.model_file(folder, 4).is_file()
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    for _ in range(3):
+        (folder / "model.accuracy4.onnx").unlink(missing_ok=True)
+        threads = [threading.Thread(target=writer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and not list(folder.glob("*.part"))
+    assert len(onnx.load(folder / "model.accuracy4.onnx", load_external_data=False).graph.node)
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    (bad / "model.accuracy4.onnx").unlink()
+    (bad / "model.onnx").write_bytes(b"\x08\xff\xff\xff not a model")
+    with pytest.raises(ModelLoadError, match="cannot read .*model.onnx"):
+        models_mod.model_file(bad, 4)
 
 
 def test_accuracy_level_4_graph_matches_onnxruntime_int8(tmp_path):

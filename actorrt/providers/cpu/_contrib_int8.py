@@ -5,8 +5,9 @@ Q4_1 x Q8_1 kernels do.
 ``accuracy_level=4`` (onnxruntime contrib op MatMulNBits) lets a kernel
 quantize A to int8 "with the same block_size". Here each 32-value block of a
 row of A gets a symmetric scale ``sx = max|a| / 127`` and values
-``xq = round_half_even(a / sx)`` in [-127, 127]; a block's contribution to
-``y[m, n]`` is then
+``xq = round_half_even(a * (1 / sx))`` in [-127, 127] (float32, as onnxruntime
+rounds; a block holding NaN or infinity makes its outputs NaN); a block's
+contribution to ``y[m, n]`` is then
 
     scale[n, b] * sx[m, b] * sum_i(q[n, b, i] * xq[m, b, i])
         - scale[n, b] * zp[n, b] * sx[m, b] * sum_i(xq[m, b, i])
@@ -194,29 +195,53 @@ if HAVE_INT8_DOT:
     _dot4_q4 = _dot_intrinsic(4, 4)
     _dot4_q8 = _dot_intrinsic(8, 4)
 
-    @njit(fastmath=True, nogil=True, cache=True)
+    # not fastmath: the scale is max|a| / 127 exactly (onnxruntime's), and NaN
+    # and infinity must be seen
+    @njit(nogil=True, cache=True)
     def _quantize_rows(a, xq, sx, xsum):  # pragma: no cover - compiled
         # a (M, nb*32) float32 -> xq (M, nb*32) int8 (even values, then odd, per
-        # block), sx / xsum (M, nb)
+        # block), sx / xsum (M, nb). A block holding NaN or infinity gets scale
+        # NaN (its products are NaN, as in float32); a block whose max|a| is so
+        # small that 1/scale overflows float32 is rounded in float64.
         nb = sx.shape[1]
+        tiny = np.float32(np.finfo(np.float32).tiny)
         for m in range(a.shape[0]):
             row = a[m]
             for b in range(nb):
                 base = b * 32
                 amax = np.float32(0.0)
+                finite = True
                 for j in range(32):
                     v = abs(row[base + j])
-                    if v > amax:
+                    if not v <= np.float32(3.4028234663852886e38):  # NaN or inf
+                        finite = False
+                    elif v > amax:
                         amax = v
                 scale = amax / np.float32(127.0)
-                inv = np.float32(1.0) / scale if scale > 0 else np.float32(0.0)
                 total = 0
-                for j in range(16):
-                    q0 = min(max(np.rint(row[base + 2 * j] * inv), -127.0), 127.0)
-                    q1 = min(max(np.rint(row[base + 2 * j + 1] * inv), -127.0), 127.0)
-                    xq[m, base + j] = np.int8(q0)
-                    xq[m, base + 16 + j] = np.int8(q1)
-                    total += np.int32(q0) + np.int32(q1)
+                if not finite:
+                    for j in range(32):
+                        xq[m, base + j] = 0
+                    sx[m, b] = np.float32(np.nan)
+                    xsum[m, b] = np.float32(np.nan)
+                    continue
+                if scale >= tiny:
+                    inv = np.float32(1.0) / scale
+                    for j in range(16):
+                        q0 = min(max(np.rint(row[base + 2 * j] * inv), -127.0), 127.0)
+                        q1 = min(max(np.rint(row[base + 2 * j + 1] * inv), -127.0), 127.0)
+                        xq[m, base + j] = np.int8(q0)
+                        xq[m, base + 16 + j] = np.int8(q1)
+                        total += np.int32(q0) + np.int32(q1)
+                else:  # zero or subnormal scale
+                    inv64 = 127.0 / np.float64(amax) if amax > 0 else 0.0
+                    for j in range(16):
+                        q0 = min(max(np.rint(np.float64(row[base + 2 * j]) * inv64), -127.0), 127.0)
+                        q1 = min(max(np.rint(np.float64(row[base + 2 * j + 1]) * inv64), -127.0),
+                                 127.0)
+                        xq[m, base + j] = np.int8(q0)
+                        xq[m, base + 16 + j] = np.int8(q1)
+                        total += np.int32(q0) + np.int32(q1)
                 sx[m, b] = scale
                 xsum[m, b] = scale * np.float32(total)
 

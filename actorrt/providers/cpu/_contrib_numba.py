@@ -261,6 +261,8 @@ if HAVE_NUMBA:
         tot = np.empty(bsz, np.int64)
         t_max = 1
         for b in range(bsz):
+            if seqlens[b] < 0 or seqlens[b] >= total:
+                return 4
             tot[b] = seqlens[b] + 1
             past[b] = 0 if first else tot[b] - s_len
             if past[b] < 0 or past[b] + s_len > cap:
@@ -380,7 +382,8 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
 
     Returns ``(output (B, S, H*D), status)``: status 0, or 1 when seqlens do
     not fit the present buffer, 2 when past_k is shorter than seqlens say, 3
-    when a rotary position is outside cos (the caller raises).
+    when a rotary position is outside cos, 4 when a seqlens entry is outside
+    [0, total) (the caller raises; nothing was written then).
     """
     bsz, s_len, width = query.shape
     packed = key is None
@@ -392,7 +395,7 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
             sin if rotary else _ONE, _NO_POS if pos_ids is None else pos_ids, num_heads,
             kv_num_heads, packed, copy_past, rotary, pos_ids is not None, interleaved,
             np.float32(alpha), int(window), out)
-    work = bsz * num_heads * s_len * int(np.max(seqlens, initial=0) + 1) * d
+    work = bsz * num_heads * s_len * (int(seqlens.max(initial=0)) + 1) * d
     pairs = bsz * kv_num_heads  # the kernel splits over (batch row, KV head)
     if work < GQA_PARALLEL_MIN_WORK or pairs < 2:
         status = _gqa_serial(*args, 1)

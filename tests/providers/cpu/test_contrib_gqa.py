@@ -198,3 +198,30 @@ def test_bad_inputs_raise_kernel_error(what):
     m = gqa_model(feeds, num_heads=4, kv_num_heads=2, do_rotary=1)
     with pytest.raises(actorrt.KernelError, match=msg):
         run_actorrt(m, feeds)
+
+
+@pytest.mark.parametrize("b,s,past,seqlens,total", [(1, 1, 8, [5], 6), (2, 1, 8, [5, 2], 6),
+                                                    (2, 4, 0, [3, 2], 4), (1, 3, 6, [5], 6)])
+def test_compiled_closure_equals_run(kernel_path, b, s, past, seqlens, total):
+    """compile()'s hot-path closure (numba path) gives run()'s outputs bit for
+    bit, in place on a donated buffer as run() does; the numpy path keeps run."""
+    from actorrt.providers import NodeSpec
+    from actorrt.providers.cpu._contrib_gqa import GroupQueryAttention
+    feeds = case(np.random.default_rng(b * 10 + s), b=b, s=s, past=past, seqlens=seqlens,
+                 total=total, rotary=True)
+    node = NodeSpec(name="g", op_type="GroupQueryAttention", domain="com.microsoft", opset=1,
+                    attrs=dict(num_heads=4, kv_num_heads=2, do_rotary=1),
+                    inputs=tuple(NAMES[:9]), outputs=("y", "pk", "pv"))
+    kern = GroupQueryAttention(node)
+    fn = kern.compile()
+    assert (fn == kern.run) is (kernel_path == "numpy")
+    a = [feeds[n].copy() for n in NAMES[:9]]
+    r = [feeds[n].copy() for n in NAMES[:9]]
+    got, want = fn(*a), kern.run(*r)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert (got[1] is a[3]) is (want[1] is r[3])
+    bad = [feeds[n].copy() for n in NAMES[:9]]
+    bad[5] = np.asarray([total] * b, np.int32)  # seqlens_k must be < total
+    with pytest.raises(ValueError, match=r"seqlens_k\[0\] = %d is out of range" % total):
+        fn(*bad)

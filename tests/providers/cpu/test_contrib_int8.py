@@ -197,3 +197,29 @@ def test_without_avx2_accuracy_level_4_keeps_float32_activations(monkeypatch):
     (got,) = run_actorrt(model, feeds)
     exact = a.astype(np.float64) @ dequantized(b, s, zp, n=n, k=k, bits=4).T
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
+
+
+@needs_int8
+def test_non_finite_and_tiny_activations():
+    """NaN or infinity in a block makes the outputs NaN (as float32 activations
+    do), never finite garbage; a block too small for a float32 reciprocal of
+    its scale is still quantized (in float64), not turned into NaN or zeros."""
+    rng = np.random.default_rng(8)
+    k, n = 64, 4
+    b, s, zp = quantized(rng, n, k, 4, 32, "packed")
+    w = dequantized(b, s, zp, n=n, k=k, bits=4)
+    for bad in (np.nan, np.inf, -np.inf):
+        a = rng.standard_normal((2, k)).astype(np.float32)
+        a[0, 3] = bad
+        model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=4, block_size=32, accuracy_level=4)
+        (got,) = run_actorrt(model, feeds)
+        assert np.isnan(got[0]).all()  # a NaN product (inf * 0 weights included)
+        np.testing.assert_allclose(got[1:], int8_activations(a[1:]) @ w.T, rtol=1e-5, atol=1e-5)
+    a = np.zeros((1, k), np.float32)
+    a[0, 5], a[0, 40] = 1e-42, -3e-39  # subnormal magnitudes
+    xq, sx, xsum = ci.quantize_rows(a)
+    assert np.isfinite(sx).all() and np.isfinite(xsum).all()
+    assert xq[0, 16 + 2] == 127 and xq[0, 32 + 4] == -127  # a[5] (odd), a[40] (even)
+    amax = np.float32([1e-42, 3e-39])
+    np.testing.assert_array_equal(sx[0], amax / np.float32(127))  # subnormal, as float32 has it
+    np.testing.assert_array_equal(xsum[0], sx[0] * np.float32([127, -127]))

@@ -68,6 +68,8 @@ def _host_has_avx2() -> bool:
 HAVE_INT8_DOT = _host_has_avx2()
 #: one row of A (decode at batch 1) runs on one thread below this many weights
 GEMV_PARALLEL_MIN_WEIGHTS = 1 << 22
+#: more rows run on one thread below this many multiply-adds (M x N x K)
+GEMM_PARALLEL_MIN_WORK = 1 << 22
 _WARM = False
 
 if HAVE_INT8_DOT:
@@ -99,6 +101,45 @@ if HAVE_INT8_DOT:
         return builder.fadd(builder.extract_element(two, _i32(0)),
                             builder.extract_element(two, _i32(1)))
 
+    def _declare(builder):
+        """(vpmaddubsw, vpmaddwd, vpsignb) declarations in the builder's module."""
+        mod = builder.module
+        v32, v16i16, v8i32 = _V(_i8, 32), _V(_i16, 16), _V(_i32, 8)
+        return (cgutils.get_or_insert_function(
+                    mod, ir.FunctionType(v16i16, [v32, v32]), "llvm.x86.avx2.pmadd.ub.sw"),
+                cgutils.get_or_insert_function(
+                    mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd"),
+                cgutils.get_or_insert_function(
+                    mod, ir.FunctionType(v32, [v32, v32]), "llvm.x86.avx2.psign.b"))
+
+    def _weight_block(builder, bits, wa, w_off, b, psign):
+        """Block b of a weight row as the unsigned operand of vpmaddubsw, and
+        (8-bit) the signed values whose signs go onto the activations."""
+        if bits == 4:
+            # 16 bytes -> 32 values 0..15: low nibbles (even values), then high
+            raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(16))),
+                            _V(_i8, 16))
+            lo = builder.and_(raw, _splat(_i8, 15, 16))
+            hi = builder.lshr(raw, _splat(_i8, 4, 16))
+            return builder.shuffle_vector(lo, hi, ir.Constant(_V(_i32, 32), list(range(32)))), None
+        # signed x signed as |w| (<= 128 as u8) times sign(w) * x
+        ws = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(BLOCK))), _V(_i8, 32))
+        return builder.call(psign, [ws, ws]), ws
+
+    def _block_isum(builder, ops, wv, ws, xv):
+        """<8 x i32> partial sums of w . x over one block (|pair| <= 2 * 15 * 127
+        for 4-bit, 2 * 128 * 127 for 8-bit: vpmaddubsw never saturates)."""
+        maddubs, maddwd, psign = ops
+        if ws is not None:
+            xv = builder.call(psign, [xv, ws])
+        return builder.call(maddwd, [builder.call(maddubs, [wv, xv]), _splat(_i16, 1, 16)])
+
+    def _broadcast(builder, value):
+        v8f = _V(_f32, 8)
+        return builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, None), value,
+                                                             _i32(0)),
+                                      ir.Constant(v8f, None), ir.Constant(_V(_i32, 8), [0] * 8))
+
     def _dot_blocks_codegen(bits, rows):
         """IR of, for r < rows: sum over blocks b < nb of d[d_off + b] *
         sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
@@ -109,19 +150,12 @@ if HAVE_INT8_DOT:
             wa, xa, sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data
                               for i in (0, 2, 4, 6))
             w_off, x_off, s_off, d_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8))
-            mod = builder.module
-            v32, v16i16, v8i32, v8f = _V(_i8, 32), _V(_i16, 16), _V(_i32, 8), _V(_f32, 8)
-            maddubs = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(v16i16, [v32, v32]), "llvm.x86.avx2.pmadd.ub.sw")
-            maddwd = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(v8i32, [v16i16, v16i16]), "llvm.x86.avx2.pmadd.wd")
-            psign = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(v32, [v32, v32]), "llvm.x86.avx2.psign.b")
+            ops = _declare(builder)
+            v32, v8f = _V(_i8, 32), _V(_f32, 8)
             entry = builder.block
             loop = builder.append_basic_block("i8dot.loop")
             done = builder.append_basic_block("i8dot.done")
             zero = _splat(_f32, 0.0, 8)
-            ones = _splat(_i16, 1, 16)
             row_x = builder.mul(nb, _i64(BLOCK))
             builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
 
@@ -133,32 +167,16 @@ if HAVE_INT8_DOT:
                 acc = builder.phi(v8f)
                 acc.add_incoming(zero, entry)
                 accs.append(acc)
-            if bits == 4:
-                # 16 bytes -> 32 values 0..15: low nibbles (even values), then high
-                raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(16))),
-                                _V(_i8, 16))
-                lo = builder.and_(raw, _splat(_i8, 15, 16))
-                hi = builder.lshr(raw, _splat(_i8, 4, 16))
-                wv = builder.shuffle_vector(lo, hi, ir.Constant(_V(_i32, 32), list(range(32))))
-            else:
-                # signed x signed as |w| (<= 128 as u8) times sign(w) * x
-                ws = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(BLOCK))), v32)
-                wv = builder.call(psign, [ws, ws])
+            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2])
             dval = builder.load(builder.gep(da, [builder.add(d_off, b)]))
             x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
             s_at = builder.add(s_off, b)
             new_accs = []
             for r, acc in enumerate(accs):
                 xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
-                if bits == 8:
-                    xv = builder.call(psign, [xv, ws])
-                # |pair| <= 2 * 15 * 127 (4-bit) or 2 * 128 * 127 (8-bit): no saturation
-                isum = builder.call(maddwd, [builder.call(maddubs, [wv, xv]), ones])
+                isum = _block_isum(builder, ops, wv, ws, xv)
                 sxv = builder.load(builder.gep(sa, [builder.add(s_at, builder.mul(nb, _i64(r)))]))
-                scale = builder.fmul(dval, sxv)
-                sv = builder.shuffle_vector(
-                    builder.insert_element(ir.Constant(v8f, None), scale, _i32(0)),
-                    ir.Constant(v8f, None), ir.Constant(_V(_i32, 8), [0] * 8))
+                sv = _broadcast(builder, builder.fmul(dval, sxv))
                 new_accs.append(builder.fadd(
                     acc, builder.fmul(builder.sitofp(isum, v8f), sv, flags=("fast",)),
                     flags=("fast",)))
@@ -190,6 +208,92 @@ if HAVE_INT8_DOT:
         typer.__name__ = f"_dot_q{bits}_i8_x{rows}"
         return intrinsic(typer)
 
+    def _dot8_codegen(bits):
+        """IR of the eight outputs of rows r0..r0+7 for one weight row:
+        sum over blocks b of d[n, b] * sx[r, b] * isum(r, b) - dz[n, b] * xsum[r, b].
+        The eight rows' block sums are reduced into one <8 x i32> (lane r: row
+        r) by a transpose-and-add tree, so one conversion and two FMAs serve
+        all eight rows, with ``sxT`` / ``xsT`` holding each block's eight row
+        scales / sums side by side."""
+
+        def codegen(context, builder, sig, args):
+            wa, xa, ta, ua, da, za = (context.make_array(sig.args[i])(context, builder,
+                                                                     args[i]).data
+                                      for i in (0, 2, 4, 5, 6, 7))
+            w_off, x_off, t_off, n_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 8, 9, 10))
+            ops = _declare(builder)
+            v32, v8i32, v8f = _V(_i8, 32), _V(_i32, 8), _V(_f32, 8)
+            entry = builder.block
+            loop = builder.append_basic_block("i8dot8.loop")
+            done = builder.append_basic_block("i8dot8.done")
+            zero = _splat(_f32, 0.0, 8)
+            row_x = builder.mul(nb, _i64(BLOCK))
+            builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
+
+            builder.position_at_end(loop)
+            b = builder.phi(_i64)
+            acc = builder.phi(v8f)
+            corr = builder.phi(v8f)
+            b.add_incoming(_i64(0), entry)
+            acc.add_incoming(zero, entry)
+            corr.add_incoming(zero, entry)
+            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2])
+            x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
+            parts = [_block_isum(builder, ops, wv, ws,
+                                 _load_vec(builder, xa, builder.add(x_at, builder.mul(
+                                     row_x, _i64(r))), v32)) for r in range(8)]
+
+            def fold(a, c, lo_idx, hi_idx):
+                return builder.add(
+                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8), lo_idx)),
+                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8), hi_idx)))
+
+            # lanes of parts[r] summed into lane r: pairs, quads, then halves
+            q = [fold(parts[i], parts[i + 1], [0, 8, 2, 10, 4, 12, 6, 14],
+                      [1, 9, 3, 11, 5, 13, 7, 15]) for i in range(0, 8, 2)]
+            u = [fold(q[i], q[i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+                 for i in (0, 2)]
+            isum = fold(u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+            at_n = builder.add(n_off, b)
+            at_t = builder.add(t_off, builder.mul(b, _i64(8)))
+            dv = _broadcast(builder, builder.load(builder.gep(da, [at_n])))
+            zv = _broadcast(builder, builder.load(builder.gep(za, [at_n])))
+            sxv = _load_vec(builder, ta, at_t, v8f)
+            xsv = _load_vec(builder, ua, at_t, v8f)
+            fast = ("fast",)
+            acc1 = builder.fadd(acc, builder.fmul(builder.sitofp(isum, v8f),
+                                                  builder.fmul(dv, sxv, flags=fast), flags=fast),
+                                flags=fast)
+            corr1 = builder.fadd(corr, builder.fmul(zv, xsv, flags=fast), flags=fast)
+            b1 = builder.add(b, _i64(1))
+            b.add_incoming(b1, loop)
+            acc.add_incoming(acc1, loop)
+            corr.add_incoming(corr1, loop)
+            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
+
+            builder.position_at_end(done)
+            acc_f = builder.phi(v8f)
+            corr_f = builder.phi(v8f)
+            acc_f.add_incoming(zero, entry)
+            acc_f.add_incoming(acc1, loop)
+            corr_f.add_incoming(zero, entry)
+            corr_f.add_incoming(corr1, loop)
+            res = builder.fsub(acc_f, corr_f)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_element(res, _i32(r)) for r in range(8)])
+
+        return codegen
+
+    def _dot8_intrinsic(bits):
+        def typer(typingctx, w, w_off, xq, x_off, sx_t, xs_t, d, dz, t_off, n_off, nb):
+            sig = types.UniTuple(types.float32, 8)(w, w_off, xq, x_off, sx_t, xs_t, d, dz, t_off,
+                                                   n_off, nb)
+            return sig, _dot8_codegen(bits)
+        typer.__name__ = f"_dot_q{bits}_i8_x8"
+        return intrinsic(typer)
+
+    _dot8_q4 = _dot8_intrinsic(4)
+    _dot8_q8 = _dot8_intrinsic(8)
     _dot_q4 = _dot_intrinsic(4, 1)
     _dot_q8 = _dot_intrinsic(8, 1)
     _dot4_q4 = _dot_intrinsic(4, 4)
@@ -245,20 +349,29 @@ if HAVE_INT8_DOT:
                 sx[m, b] = scale
                 xsum[m, b] = scale * np.float32(total)
 
-    def _cols_kernel(dot, dot4, per_block):
-        def cols(xq, sx, xsum, w, d, dz, out, lo, hi):  # pragma: no cover - compiled
-            # output columns lo..hi for every row of xq, four rows per pass over
-            # a weight row (read from memory once, reused from L1)
+    def _cols_kernel(dot, dot4, dot8, per_block):
+        def cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi):  # pragma: no cover
+            # output columns lo..hi for every row of xq, eight (then four, then
+            # one) rows per pass over a weight row (read from memory once,
+            # reused from L1); sx_t / xs_t: (M // 8, nb, 8) transposed copies
             m_rows = xq.shape[0]
             nb = d.shape[1]
             kp = xq.shape[1]
             wf = w.reshape(-1)
             df = d.reshape(-1)
+            zf = dz.reshape(-1)
             xf = xq.reshape(-1)
             sf = sx.reshape(-1)
+            tf = sx_t.reshape(-1)
+            uf = xs_t.reshape(-1)
             for n in range(lo, hi):
                 w_at = n * nb * per_block
                 m = 0
+                while m + 8 <= m_rows:
+                    t8 = dot8(wf, w_at, xf, m * kp, tf, uf, df, zf, m * nb, n * nb, nb)
+                    for r in range(8):
+                        out[m + r, n] = t8[r]
+                    m += 8
                 while m + 4 <= m_rows:
                     t = dot4(wf, w_at, xf, m * kp, sf, m * nb, df, n * nb, nb)
                     for r in range(4):
@@ -276,8 +389,8 @@ if HAVE_INT8_DOT:
                     m += 1
         return njit(fastmath=True, nogil=True, cache=True)(cols)
 
-    _cols_q4 = _cols_kernel(_dot_q4, _dot4_q4, 16)
-    _cols_q8 = _cols_kernel(_dot_q8, _dot4_q8, 32)
+    _cols_q4 = _cols_kernel(_dot_q4, _dot4_q4, _dot8_q4, 16)
+    _cols_q8 = _cols_kernel(_dot_q8, _dot4_q8, _dot8_q8, 32)
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _quantized(a):  # pragma: no cover - compiled
@@ -287,35 +400,43 @@ if HAVE_INT8_DOT:
         sx = np.empty((m, nb), np.float32)
         xsum = np.empty((m, nb), np.float32)
         _quantize_rows(a, xq, sx, xsum)
-        return xq, sx, xsum
+        groups = m // 8
+        sx_t = np.empty((groups, nb, 8), np.float32)
+        xs_t = np.empty((groups, nb, 8), np.float32)
+        for g in range(groups):
+            for b in range(nb):
+                for r in range(8):
+                    sx_t[g, b, r] = sx[g * 8 + r, b]
+                    xs_t[g, b, r] = xsum[g * 8 + r, b]
+        return xq, sx, xsum, sx_t, xs_t
 
     # one compiled entry per call (quantize A, then the columns): each numba
     # dispatch costs microseconds, and decode makes ~200 of these calls per token
     @njit(fastmath=True, nogil=True, cache=True)
     def _serial_q4(a, w, d, dz, out):  # pragma: no cover - compiled
-        xq, sx, xsum = _quantized(a)
-        _cols_q4(xq, sx, xsum, w, d, dz, out, 0, w.shape[0])
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
+        _cols_q4(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _serial_q8(a, w, d, dz, out):  # pragma: no cover - compiled
-        xq, sx, xsum = _quantized(a)
-        _cols_q8(xq, sx, xsum, w, d, dz, out, 0, w.shape[0])
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
+        _cols_q8(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True)
     def _par_q4(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
-        xq, sx, xsum = _quantized(a)
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
         n_cols = w.shape[0]
         per = (n_cols + chunks - 1) // chunks
         for c in prange(chunks):
-            _cols_q4(xq, sx, xsum, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+            _cols_q4(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True)
     def _par_q8(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
-        xq, sx, xsum = _quantized(a)
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
         n_cols = w.shape[0]
         per = (n_cols + chunks - 1) // chunks
         for c in prange(chunks):
-            _cols_q8(xq, sx, xsum, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+            _cols_q8(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
 
 
 def quantize_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -379,7 +500,7 @@ def gemm_i8(a: np.ndarray, w: np.ndarray, d: np.ndarray, dz: np.ndarray, bits: i
     """
     n = w.shape[0]
     work = a.shape[0] * n * a.shape[1]
-    least = GEMV_PARALLEL_MIN_WEIGHTS if a.shape[0] == 1 else _nb.PARALLEL_MIN_WEIGHTS
+    least = GEMV_PARALLEL_MIN_WEIGHTS if a.shape[0] == 1 else GEMM_PARALLEL_MIN_WORK
     if work < least or n < 4:
         (_serial_q4 if bits == 4 else _serial_q8)(a, w, d, dz, out)
         return

@@ -44,7 +44,8 @@ def int8_activations(a):
 @needs_int8
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("zp_kind", ["none", "packed"])
-@pytest.mark.parametrize("m,k", [(1, 96), (3, 576), (4, 64), (5, 80), (8, 576), (13, 1536)])
+@pytest.mark.parametrize("m,k", [(1, 96), (3, 576), (4, 64), (5, 80), (8, 576), (13, 1536),
+                                 (16, 96), (21, 80)])
 def test_int8_matches_onnxruntime_int8(bits, zp_kind, m, k):
     # 4-row groups, their remainders, and K = 80 (zero-padded last block)
     rng = np.random.default_rng(bits * 100 + m + k)
@@ -87,7 +88,7 @@ def test_parallel_and_serial_kernels_agree(bits):
     b, s, zp = quantized(rng, n, k, bits, 32, "packed")
     p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=bits, block_size=32, use_numba=True, int8=True)
     assert p.qi is not None and p.q is None and p.w is None
-    for m in (1, 2, 7):
+    for m in (1, 2, 7, 8, 13, 16, 21):  # 8-row, 4-row and single-row passes
         a = rng.standard_normal((m, k)).astype(np.float32)
         serial = np.empty((m, n), np.float32)
         (ci._serial_q4 if bits == 4 else ci._serial_q8)(a, p.qi, p.scales, p.dz, serial)

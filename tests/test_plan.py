@@ -133,3 +133,25 @@ def test_prepacked_weights_are_kept_per_node_not_per_name(names):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert np.abs(got[1] - got[0]).max() > 0.1  # the branch used its own weight
+
+
+async def test_big_segment_frames_are_padded_past_one_data_stack_chunk():
+    """A segment frame that nearly fills CPython's 16 KiB data-stack chunk made
+    every kernel call open and free a chunk (mmap/munmap, page faults); frames
+    of big segments are padded past the chunk, small ones are left alone."""
+    from actorrt._plan import _CHUNK_BYTES
+
+    def frame_bytes(code):
+        return 8 * (code.co_nlocals + code.co_stacksize)
+
+    x = np.random.default_rng(0).random((1, 16), np.float32)
+    for n, padded in ((20, False), (400, True)):
+        model = add_chain(n)
+        async with actorrt.open_session(model) as s:
+            (seg,) = s.plan.segments
+            size = frame_bytes(seg.fn.__code__)
+            assert (size > _CHUNK_BYTES) is padded, (n, size)
+            assert ("_pad0" in seg.source) is padded
+            (y,) = await s.run(None, {"x": x})
+        want = x + sum(np.float32(i * 0.001) for i in range(n))
+        np.testing.assert_allclose(y, want, rtol=1e-5)

@@ -140,6 +140,19 @@ if HAVE_INT8_DOT:
                                                              _i32(0)),
                                       ir.Constant(v8f, None), ir.Constant(_V(_i32, 8), [0] * 8))
 
+    def _block_loop(builder, nb, name):
+        """Blocks of a loop over b in [0, nb): returns (entry, loop, done, b)
+        with the builder inside the loop after b's phi (the caller adds its
+        own phis next, then branches back with ``b + 1 < nb``)."""
+        entry = builder.block
+        loop = builder.append_basic_block(name + ".loop")
+        done = builder.append_basic_block(name + ".done")
+        builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
+        builder.position_at_end(loop)
+        b = builder.phi(_i64)
+        b.add_incoming(_i64(0), entry)
+        return entry, loop, done, b
+
     def _dot_blocks_codegen(bits, rows):
         """IR of, for r < rows: sum over blocks b < nb of d[d_off + b] *
         sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
@@ -152,16 +165,9 @@ if HAVE_INT8_DOT:
             w_off, x_off, s_off, d_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8))
             ops = _declare(builder)
             v32, v8f = _V(_i8, 32), _V(_f32, 8)
-            entry = builder.block
-            loop = builder.append_basic_block("i8dot.loop")
-            done = builder.append_basic_block("i8dot.done")
             zero = _splat(_f32, 0.0, 8)
-            row_x = builder.mul(nb, _i64(BLOCK))
-            builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
-
-            builder.position_at_end(loop)
-            b = builder.phi(_i64)
-            b.add_incoming(_i64(0), entry)
+            row_x = builder.mul(nb, _i64(BLOCK))  # in the entry block, before the phis
+            entry, loop, done, b = _block_loop(builder, nb, "i8dot")
             accs = []
             for _ in range(rows):
                 acc = builder.phi(v8f)
@@ -222,19 +228,12 @@ if HAVE_INT8_DOT:
                                       for i in (0, 2, 4, 5, 6, 7))
             w_off, x_off, t_off, n_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 8, 9, 10))
             ops = _declare(builder)
-            v32, v8i32, v8f = _V(_i8, 32), _V(_i32, 8), _V(_f32, 8)
-            entry = builder.block
-            loop = builder.append_basic_block("i8dot8.loop")
-            done = builder.append_basic_block("i8dot8.done")
+            v32, v8f = _V(_i8, 32), _V(_f32, 8)
             zero = _splat(_f32, 0.0, 8)
-            row_x = builder.mul(nb, _i64(BLOCK))
-            builder.cbranch(builder.icmp_signed(">", nb, _i64(0)), loop, done)
-
-            builder.position_at_end(loop)
-            b = builder.phi(_i64)
+            row_x = builder.mul(nb, _i64(BLOCK))  # in the entry block, before the phis
+            entry, loop, done, b = _block_loop(builder, nb, "i8dot8")
             acc = builder.phi(v8f)
             corr = builder.phi(v8f)
-            b.add_incoming(_i64(0), entry)
             acc.add_incoming(zero, entry)
             corr.add_incoming(zero, entry)
             wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2])
@@ -299,8 +298,15 @@ if HAVE_INT8_DOT:
     _dot4_q4 = _dot_intrinsic(4, 4)
     _dot4_q8 = _dot_intrinsic(8, 4)
 
-    # not fastmath: the scale is max|a| / 127 exactly (onnxruntime's), and NaN
-    # and infinity must be seen
+    # Rounding must be onnxruntime's bit for bit: float32 scale = max|a| / 127,
+    # inv = 1 / scale, q = rint(a * inv), each correctly rounded. numba may
+    # compile this function with a fastmath caller's flags (seen: max|a| / 127
+    # became a multiply by 1/127, one ulp off, flipping ties), so each step is
+    # taken in float64 and rounded once to float32: exact whatever the flags
+    # (float64 holds the float32 product exactly, and a quotient rounded
+    # twice, 53 then 24 bits, is the correctly rounded float32 quotient).
+    # NaN and infinity are found from the exponent bits (integer tests: a
+    # fastmath build would fold float tests for them away).
     @njit(nogil=True, cache=True)
     def _quantize_rows(a, xq, sx, xsum):  # pragma: no cover - compiled
         # a (M, nb*32) float32 -> xq (M, nb*32) int8 (even values, then odd, per
@@ -309,19 +315,20 @@ if HAVE_INT8_DOT:
         # small that 1/scale overflows float32 is rounded in float64.
         nb = sx.shape[1]
         tiny = np.float32(np.finfo(np.float32).tiny)
+        bits = a.view(np.uint32)
         for m in range(a.shape[0]):
             row = a[m]
+            rbits = bits[m]
             for b in range(nb):
                 base = b * 32
                 amax = np.float32(0.0)
                 finite = True
                 for j in range(32):
-                    v = abs(row[base + j])
-                    if not v <= np.float32(3.4028234663852886e38):  # NaN or inf
+                    if rbits[base + j] & 0x7F800000 == 0x7F800000:  # NaN or inf
                         finite = False
-                    elif v > amax:
-                        amax = v
-                scale = amax / np.float32(127.0)
+                    else:
+                        amax = max(amax, abs(row[base + j]))
+                scale = np.float32(np.float64(amax) / 127.0)
                 total = 0
                 if not finite:
                     for j in range(32):
@@ -330,10 +337,12 @@ if HAVE_INT8_DOT:
                     xsum[m, b] = np.float32(np.nan)
                     continue
                 if scale >= tiny:
-                    inv = np.float32(1.0) / scale
+                    inv = np.float64(np.float32(1.0 / np.float64(scale)))
                     for j in range(16):
-                        q0 = min(max(np.rint(row[base + 2 * j] * inv), -127.0), 127.0)
-                        q1 = min(max(np.rint(row[base + 2 * j + 1] * inv), -127.0), 127.0)
+                        q0 = min(max(np.rint(np.float32(row[base + 2 * j] * inv)), -127.0),
+                                 127.0)
+                        q1 = min(max(np.rint(np.float32(row[base + 2 * j + 1] * inv)), -127.0),
+                                 127.0)
                         xq[m, base + j] = np.int8(q0)
                         xq[m, base + 16 + j] = np.int8(q1)
                         total += np.int32(q0) + np.int32(q1)
@@ -392,7 +401,7 @@ if HAVE_INT8_DOT:
     _cols_q4 = _cols_kernel(_dot_q4, _dot4_q4, _dot8_q4, 16)
     _cols_q8 = _cols_kernel(_dot_q8, _dot4_q8, _dot8_q8, 32)
 
-    @njit(fastmath=True, nogil=True, cache=True)
+    @njit(nogil=True, cache=True)
     def _quantized(a):  # pragma: no cover - compiled
         m, kp = a.shape
         nb = kp // 32

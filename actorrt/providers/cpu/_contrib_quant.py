@@ -259,24 +259,8 @@ class MatMulNBits(Kernel):
         f32 = np.dtype(np.float32)
         empty, run, variant = np.empty, self.run, self._variant
 
-        if p.qi is not None:
-            qi, dz, bits, gemm_i8 = p.qi, p.dz, p.bits, _i8.gemm_i8
-
-            def matmul_nbits_int8(A, *rest):
-                shape = A.shape
-                if A.dtype != f32 or not shape or shape[-1] != k or not A.flags.c_contiguous:
-                    return run(A, *rest)
-                variant(p)
-                a = A.reshape(-1, k)
-                out = empty(shape[:-1] + (n,), f32)
-                if a.shape[0]:
-                    gemm_i8(a, qi, sc, dz, bits, out.reshape(-1, n))
-                return out
-
-            return matmul_nbits_int8
-
-        q, zp = p.q, p.zps
-        gemv, gemm = _nb.gemv_q8, _nb.gemm_q8
+        q, zp, qi, dz, bits = p.q, p.zps, p.qi, p.dz, p.bits
+        gemv, gemm, gemm_i8, int8 = _nb.gemv_q8, _nb.gemm_q8, _i8.gemm_i8, p.qi is not None
 
         def matmul_nbits(A, *rest):
             shape = A.shape
@@ -286,7 +270,10 @@ class MatMulNBits(Kernel):
             a = A.reshape(-1, k)
             m = a.shape[0]
             out = empty(shape[:-1] + (n,), f32)
-            if m == 1:
+            if int8:
+                if m:
+                    gemm_i8(a, qi, sc, dz, bits, out.reshape(m, n))
+            elif m == 1:
                 gemv(a, q, sc, zp, out.reshape(1, n))
             elif m:
                 gemm(a, q, sc, zp, out.reshape(m, n))

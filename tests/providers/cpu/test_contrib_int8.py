@@ -224,3 +224,38 @@ def test_non_finite_and_tiny_activations():
     amax = np.float32([1e-42, 3e-39])
     np.testing.assert_array_equal(sx[0], amax / np.float32(127))  # subnormal, as float32 has it
     np.testing.assert_array_equal(xsum[0], sx[0] * np.float32([127, -127]))
+
+
+TIE_SCRIPT = """
+import numpy as np
+from actorrt.providers.cpu import _contrib_int8 as ci
+a = np.zeros((1, 32), np.float32)
+a[0, 3], a[0, 26] = np.float32(2.1359084), np.float32(1.4884087)
+w = np.zeros((4, 16), np.uint8)
+w[0, 13] = 1  # column 0 reads value 26 only (low nibble of byte 13)
+d = np.ones((4, 1), np.float32)
+out = np.empty((1, 4), np.float32)
+ci._serial_q4(a, w, d, np.zeros_like(d), out)  # compiles the quantizer from its fastmath caller
+print(repr(float(out[0, 0])))
+"""
+
+
+@needs_int8
+def test_rounding_ties_are_half_even_in_float32_however_the_quantizer_was_compiled(tmp_path):
+    """a * (1 / scale) landing exactly on k + 0.5 in float32 rounds to even, as
+    onnxruntime does. numba had compiled the quantizer with the flags of the
+    fastmath kernel that called it first (max|a| / 127 came out one ulp off
+    and flipped such ties); a fresh process with an empty numba cache calls
+    that kernel first."""
+    import os
+    import subprocess
+    import sys
+    a = np.zeros((1, 32), np.float32)
+    a[0, 3], a[0, 26] = np.float32(2.1359084), np.float32(1.4884087)
+    scale = a[0, 3] / np.float32(127)
+    assert a[0, 26] * (np.float32(1) / scale) == np.float32(88.5)  # a tie in float32
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", TIE_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) == pytest.approx(88 * float(scale), rel=1e-6)  # not 89 * scale

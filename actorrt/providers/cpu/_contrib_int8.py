@@ -419,33 +419,29 @@ if HAVE_INT8_DOT:
                     xs_t[g, b, r] = xsum[g * 8 + r, b]
         return xq, sx, xsum, sx_t, xs_t
 
-    # one compiled entry per call (quantize A, then the columns): each numba
-    # dispatch costs microseconds, and decode makes ~200 of these calls per token
-    @njit(fastmath=True, nogil=True, cache=True)
-    def _serial_q4(a, w, d, dz, out):  # pragma: no cover - compiled
-        xq, sx, xsum, sx_t, xs_t = _quantized(a)
-        _cols_q4(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
+    def _entry_points(cols):
+        # one compiled entry per call (quantize A, then the columns): each numba
+        # dispatch costs microseconds, and decode makes ~200 of these calls per
+        # token
+        def serial(a, w, d, dz, out):  # pragma: no cover - compiled
+            xq, sx, xsum, sx_t, xs_t = _quantized(a)
+            cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
 
-    @njit(fastmath=True, nogil=True, cache=True)
-    def _serial_q8(a, w, d, dz, out):  # pragma: no cover - compiled
-        xq, sx, xsum, sx_t, xs_t = _quantized(a)
-        _cols_q8(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
+        def parallel(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
+            xq, sx, xsum, sx_t, xs_t = _quantized(a)
+            n_cols = w.shape[0]
+            per = (n_cols + chunks - 1) // chunks
+            for c in prange(chunks):
+                cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per,
+                     min(n_cols, (c + 1) * per))
 
-    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
-    def _par_q4(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
-        xq, sx, xsum, sx_t, xs_t = _quantized(a)
-        n_cols = w.shape[0]
-        per = (n_cols + chunks - 1) // chunks
-        for c in prange(chunks):
-            _cols_q4(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+        return (njit(fastmath=True, nogil=True, cache=True)(serial),
+                njit(parallel=True, fastmath=True, nogil=True, cache=True)(parallel))
 
-    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
-    def _par_q8(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
-        xq, sx, xsum, sx_t, xs_t = _quantized(a)
-        n_cols = w.shape[0]
-        per = (n_cols + chunks - 1) // chunks
-        for c in prange(chunks):
-            _cols_q8(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
+    # (numba's disk cache keys these closures by name and signature: the 4-bit
+    # and 8-bit instances differ in the weight dtype, uint8 vs int8)
+    _serial_q4, _par_q4 = _entry_points(_cols_q4)
+    _serial_q8, _par_q8 = _entry_points(_cols_q8)
 
 
 def quantize_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -501,7 +501,8 @@ def gemm_i8(a: np.ndarray, w: np.ndarray, d: np.ndarray, dz: np.ndarray, bits: i
         out: (M, N) float32, written.
 
     Parallel over column chunks when M x N x K reaches
-    ``_contrib_numba.PARALLEL_MIN_WEIGHTS``.
+    :data:`GEMV_PARALLEL_MIN_WEIGHTS` (one row) or :data:`GEMM_PARALLEL_MIN_WORK`
+    (more rows); below, one thread (waking the second costs ~50 µs in a graph).
     """
     n = w.shape[0]
     work = a.shape[0] * n * a.shape[1]

@@ -52,7 +52,7 @@ from ._gguf import QK, GGUFFile, LlamaHParams, QuantizedRows, open_gguf, unpermu
 __all__ = ["BUILDER_VERSION", "OPSET", "MS_OPSET", "build_onnx", "io_names"]
 
 #: Bump when the produced graph changes; cached models are rebuilt on mismatch.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 OPSET = 21
 MS_OPSET = 1
 MS = "com.microsoft"
@@ -216,6 +216,33 @@ class _LlamaBuilder:
             qr = qr.take_rows(row_order)
         return self._matmul_nbits(x, key, qr, out)
 
+    def qkv(self, h: str, blk: str, pre: str, q_order: np.ndarray,
+            k_order: np.ndarray) -> list[str]:
+        """GroupQueryAttention's first three inputs. When Q, K and V share one
+        quantization type: one ``MatMulNBits`` over their rows stacked
+        (``qkv_proj``, N = (heads + 2 * kv_heads) * head_dim) feeding the op's
+        packed-QKV form, ``[qkv, "", ""]``, as onnxruntime-genai packs them: one
+        weight pass and one kernel call instead of three. Else three projections."""
+        hp = self.hp
+        kv = hp.n_head_kv * hp.head_dim
+        specs = [(blk + "attn_q.weight", pre + ".attn.q_proj", (hp.n_head * hp.head_dim, hp.hidden),
+                  q_order),
+                 (blk + "attn_k.weight", pre + ".attn.k_proj", (kv, hp.hidden), k_order),
+                 (blk + "attn_v.weight", pre + ".attn.v_proj", (kv, hp.hidden), None)]
+        kinds = {self.gguf.tensor_type(t) for t, _, _, _ in specs}
+        if len(kinds) == 1 and kinds <= {"Q4_0", "Q4_1", "Q8_0"}:
+            parts = []
+            for tensor, _, shape, order in specs:
+                self._check_shape(tensor, shape)
+                qr = self.gguf.quantized(tensor)
+                parts.append(qr if order is None else qr.take_rows(order))
+            stacked = QuantizedRows(
+                parts[0].qtype, np.concatenate([p.q for p in parts]),
+                np.concatenate([p.d for p in parts]),
+                None if parts[0].m is None else np.concatenate([p.m for p in parts]))
+            return [self._matmul_nbits(h, pre + ".attn.qkv_proj", stacked, None), "", ""]
+        return [self.linear(h, tensor, key, shape, order) for tensor, key, shape, order in specs]
+
     def norm_weight(self, tensor: str, key: str) -> str:
         w = self.gguf.float_tensor(tensor)
         if w.shape != (self.hp.hidden,):
@@ -313,12 +340,9 @@ class _LlamaBuilder:
                 outputs.append(helper.make_tensor_value_info(
                     nm, TensorProto.FLOAT,
                     ["batch_size", hp.n_head_kv, "total_sequence_length", hp.head_dim]))
-            q = self.linear(h, blk + "attn_q.weight", pre + ".attn.q_proj",
-                            (hp.n_head * hp.head_dim, hp.hidden), q_order)
-            k = self.linear(h, blk + "attn_k.weight", pre + ".attn.k_proj", (kv, hp.hidden), k_order)
-            v = self.linear(h, blk + "attn_v.weight", pre + ".attn.v_proj", (kv, hp.hidden))
+            qkv = self.qkv(h, blk, pre, q_order, k_order)
             attn = g.node("GroupQueryAttention",
-                          [q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin],
+                          [*qkv, past_k, past_v, seqlens_k, total_len, cos, sin],
                           domain=MS, name=pre + "/attn/GroupQueryAttention",
                           outputs=[pre + "/attn/out", pres_k, pres_v],
                           num_heads=hp.n_head, kv_num_heads=hp.n_head_kv, do_rotary=1,

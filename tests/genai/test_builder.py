@@ -225,6 +225,11 @@ def test_graph_contract(tmp_path):
         ("", "Gather"), ("", "Cast"), ("", "Sub"), ("", "Mul"), ("", "Unsqueeze"),
         ("", "Reshape"), ("", "ReduceSum"), ("", "Shape"), ("", "Sigmoid")}
     gqa = next(n for n in g.node if n.op_type == "GroupQueryAttention")
+    # q, k and v share Q4_1: one stacked projection feeds the packed-QKV form
+    assert list(gqa.input[1:3]) == ["", ""]
+    qkv = next(n for n in g.node if n.output[0] == gqa.input[0])
+    assert qkv.name == "model.layers.0.attn.qkv_proj/MatMulNBits"
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in qkv.attribute}["N"] == (4 + 2 * 2) * 16
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in gqa.attribute}
     assert attrs == {"num_heads": 4, "kv_num_heads": 2, "do_rotary": 1, "rotary_interleaved": 0,
                      "scale": pytest.approx(0.25)}
@@ -241,13 +246,13 @@ def test_q4_1_zero_points_reproduce_gguf_dequantization(tmp_path):
     folder = prepare_model(src, home=tmp_path / "home", progress=False)
     model = onnx.load(folder / "model.onnx")
     init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    key = "model.layers.0.attn.v_proj"
+    key = "model.layers.0.mlp.up_proj"
     packed, scales, zp = init[key + ".qweight"], init[key + ".scales"], init[key + ".qzeros"]
     n, nb, _ = packed.shape
     q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, nb, 32).astype(np.float32)
     ours = ((q - zp.reshape(n, nb, 1)) * scales.reshape(n, nb, 1)).reshape(n, -1)
     reader = gguf.GGUFReader(str(src))
-    t = next(t for t in reader.tensors if t.name == "blk.0.attn_v.weight")
+    t = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
     theirs = dequantize(t.data, t.tensor_type)
     assert theirs[0, :32].tolist() == [0.25] * 32 and ours[0, :32].tolist() == [0.25] * 32
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=4 * np.finfo(np.float32).eps

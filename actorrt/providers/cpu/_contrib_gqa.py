@@ -226,8 +226,8 @@ class GroupQueryAttention(Kernel):
 
     def compile(self):
         """With numba, no softcap and no smooth softmax: a closure for the decode
-        and prefill hot path (separate float32 query/key/value, a float32 past,
-        no position ids, bias or sink) that does only the checks the compiled
+        and prefill hot path (float32 query/key/value, separate or packed, a
+        float32 past, no position ids, bias or sink) that does only the checks the compiled
         kernel relies on, remembers validated rotary caches by identity, and
         leaves every other case, and every error message, to :meth:`run`
         (measured here: the checks of :meth:`run` cost ~2x the kernel itself
@@ -245,21 +245,24 @@ class GroupQueryAttention(Kernel):
                                   sin_cache=None, *more):
             args = (query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     cos_cache, sin_cache, *more)
-            if (key is None or value is None or past_key is None or past_value is None
-                    or seqlens_k is None
+            packed = key is None and value is None
+            if ((not packed and (key is None or value is None or key.dtype != f32
+                                 or value.dtype != f32))
+                    or past_key is None or past_value is None or seqlens_k is None
                     or total_sequence_length is None or any(x is not None for x in more)
-                    or query.dtype != f32 or key.dtype != f32 or value.dtype != f32
-                    or past_key.dtype != f32 or past_value.dtype != f32 or query.ndim != 3):
+                    or query.dtype != f32 or past_key.dtype != f32 or past_value.dtype != f32
+                    or query.ndim != 3):
                 return run(*args)
             bsz, s, width = query.shape
-            d = width // h
+            heads = h + 2 * kvh if packed else h
+            d = width // heads
             kshape = (bsz, s, kvh * d)
             past_len = past_key.shape[2] if past_key.ndim == 4 else -1
             pshape = (bsz, kvh, past_len, d)
             tsl = total_sequence_length.reshape(-1)
             seqlens = seqlens_k.reshape(-1)
-            if (width != h * d or key.shape != kshape or value.shape != kshape
-                    or past_key.shape != pshape or past_value.shape != pshape
+            if (width != heads * d or past_key.shape != pshape or past_value.shape != pshape
+                    or (not packed and (key.shape != kshape or value.shape != kshape))
                     or tsl.shape != (1,) or seqlens.shape != (bsz,) or seqlens.dtype.kind != "i"):
                 return run(*args)
             total = int(tsl[0])

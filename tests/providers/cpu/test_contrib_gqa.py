@@ -200,28 +200,32 @@ def test_bad_inputs_raise_kernel_error(what):
         run_actorrt(m, feeds)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("b,s,past,seqlens,total", [(1, 1, 8, [5], 6), (2, 1, 8, [5, 2], 6),
                                                     (2, 4, 0, [3, 2], 4), (1, 3, 6, [5], 6)])
-def test_compiled_closure_equals_run(kernel_path, b, s, past, seqlens, total):
+def test_compiled_closure_equals_run(kernel_path, b, s, past, seqlens, total, packed):
     """compile()'s hot-path closure (numba path) gives run()'s outputs bit for
     bit, in place on a donated buffer as run() does; the numpy path keeps run."""
     from actorrt.providers import NodeSpec
     from actorrt.providers.cpu._contrib_gqa import GroupQueryAttention
     feeds = case(np.random.default_rng(b * 10 + s), b=b, s=s, past=past, seqlens=seqlens,
-                 total=total, rotary=True)
+                 total=total, rotary=True, packed=packed)
     node = NodeSpec(name="g", op_type="GroupQueryAttention", domain="com.microsoft", opset=1,
                     attrs=dict(num_heads=4, kv_num_heads=2, do_rotary=1),
                     inputs=tuple(NAMES[:9]), outputs=("y", "pk", "pv"))
     kern = GroupQueryAttention(node)
+    fell_back, run = [], kern.run
+    kern.run = lambda *x: fell_back.append(1) or run(*x)  # what the closure falls back to
     fn = kern.compile()
     assert (fn == kern.run) is (kernel_path == "numpy")
-    a = [feeds[n].copy() for n in NAMES[:9]]
-    r = [feeds[n].copy() for n in NAMES[:9]]
-    got, want = fn(*a), kern.run(*r)
+    a = [None if feeds.get(n) is None else feeds[n].copy() for n in NAMES[:9]]
+    r = [None if feeds.get(n) is None else feeds[n].copy() for n in NAMES[:9]]
+    got, want = fn(*a), run(*r)
+    assert fell_back == ([1] if kernel_path == "numpy" else [])
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     assert (got[1] is a[3]) is (want[1] is r[3])
-    bad = [feeds[n].copy() for n in NAMES[:9]]
+    bad = [None if feeds.get(n) is None else feeds[n].copy() for n in NAMES[:9]]
     bad[5] = np.asarray([total] * b, np.int32)  # seqlens_k must be < total
     with pytest.raises(ValueError, match=r"seqlens_k\[0\] = %d is out of range" % total):
         fn(*bad)

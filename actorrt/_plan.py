@@ -57,6 +57,8 @@ class PlanOptions:
         tracer: a tracing collector; ``None`` compiles code with no trace hooks.
         track_memory: account every owned intermediate (not views) as
             ``activations`` on its provider; off compiles no accounting code.
+        fuse: let providers fuse known subgraphs of the main graph
+            (:meth:`ExecutionProvider.fuse_steps`).
     """
 
     fold_constants: bool = True
@@ -64,6 +66,7 @@ class PlanOptions:
     segment_threshold_us: float = 200.0
     tracer: Any = None
     track_memory: bool = False
+    fuse: bool = True
 
 
 @attrs.define(eq=False)
@@ -258,6 +261,8 @@ class Plan:
         self.donatable: frozenset[int] = frozenset()
         self.tracer = None
         self._input_index = {}
+        #: (fused node name, names of the nodes it replaced), one per fusion
+        self.fusions: list[tuple[str, tuple[str, ...]]] = []
 
     # ------------------------------------------------------------ running
     def new_env(self) -> list:
@@ -479,6 +484,8 @@ class _Compiler:
             pending.append(Step(len(pending), spec, None))
         self.place(pending)
         self.instantiate(pending)
+        if self.options.fuse and not self.outer:
+            pending = self.fuse(pending)
         plan.steps = pending
         input_slots = {i.slot for i in plan.inputs}
         plan.donatable = frozenset(
@@ -652,6 +659,23 @@ class _Compiler:
             step.inputs = tuple(self.slot(n) if n else -1 for n in spec.inputs)
             step.outputs = tuple(self.slot(n) if n else -1 for n in spec.outputs)
             step.outer = tuple((n, self.slot(n)) for n in spec.outer_scope)
+
+    def fuse(self, steps: list[Step]) -> list[Step]:
+        """Let each provider replace subgraphs of its steps with fused steps;
+        records ``(fused node, original nodes)`` in :attr:`Plan.fusions`."""
+        protected = {self.slot(v.name) for v in self.graph.outputs}
+        consts = {self.slots[n]: v for n, v in self.consts.items() if n in self.slots}
+
+        def make_step(node, provider, kernel, inputs, outputs, cost) -> Step:
+            return Step(0, node, provider, kernel, kernel.compile(), tuple(inputs),
+                        tuple(outputs), (), cost)
+
+        for p in self.providers:
+            steps, fusions = p.fuse_steps(steps, protected, consts, make_step)
+            self.plan.fusions.extend(fusions)
+        for i, st in enumerate(steps):
+            st.index = i
+        return steps
 
     # ----------------------------------------------------------- segments
     def segment(self, steps: list[Step]) -> None:

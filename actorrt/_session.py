@@ -40,6 +40,10 @@ class SessionOptions:
         track_memory: account every owned intermediate as ``activations``
             (live/peak bytes per run; views are free). Costs a little per node;
             on by default when ``memory_limit`` is set.
+        fuse_kernels: let providers replace known subgraphs with fused
+            kernels (the CPU provider: one kernel per LLM decoder block, see
+            ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
+            optimizations do; same results, fewer dispatches.
     """
 
     workers: int | None = None
@@ -51,6 +55,7 @@ class SessionOptions:
     trace_path: str | None = None
     enable_fallback: bool = False
     track_memory: bool = False
+    fuse_kernels: bool = True
 
 
 @attrs.frozen
@@ -347,7 +352,8 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
     plan_opts = PlanOptions(fold_constants=options.fold_constants,
                             parallel=options.parallel_execution,
                             segment_threshold_us=options.segment_threshold_us, tracer=tracer,
-                            track_memory=options.track_memory or options.memory_limit is not None)
+                            track_memory=options.track_memory or options.memory_limit is not None,
+                            fuse=options.fuse_kernels)
     m = loaded.model
     opsets = dict(m.opset_imports)
     plan = await trio.to_thread.run_sync(

@@ -221,6 +221,25 @@ class ExecutionProvider(Actor, abc.ABC):
         cls = self.registry.lookup(node.domain, node.op_type, node.opset)
         return cls(node)
 
+    def fuse_steps(self, steps: list, protected: set[int], consts: dict[int, Any],
+                   make_step: Any) -> tuple[list, list[tuple[str, tuple[str, ...]]]]:
+        """Replace subgraphs of a plan's steps with fused kernels (plan time,
+        after every kernel is built and prepacked).
+
+        Args:
+            steps: the plan's steps in topological order (every provider's).
+            protected: value slots read outside the steps (graph outputs).
+            consts: slot -> constant value.
+            make_step: ``make_step(node, provider, kernel, inputs, outputs,
+                cost)`` builds a step.
+
+        Returns:
+            ``(steps, fusions)``: the new topological step list and one
+            ``(fused node name, original node names)`` per fusion. The default
+            fuses nothing.
+        """
+        return steps, []
+
     def transfer_us(self, vt: ValueType | None) -> float:
         """Estimated µs to move a value of type ``vt`` onto this provider."""
         if self.profile.transfer_gbytes_per_s == math.inf:

@@ -224,56 +224,52 @@ class GroupQueryAttention(Kernel):
         tracing.kernel_variant("attention", "numba-fused", "float32, no bias/softcap/sink")
         return y, present_k, present_v
 
-    def compile(self):
-        """With numba, no softcap and no smooth softmax: a closure for the decode
-        and prefill hot path (float32 query/key/value, separate or packed, a
-        float32 past, no position ids, bias or sink) that does only the checks the compiled
-        kernel relies on, remembers validated rotary caches by identity, and
-        leaves every other case, and every error message, to :meth:`run`
-        (measured here: the checks of :meth:`run` cost ~2x the kernel itself
-        at decode). Same results as :meth:`run`."""
+    def fast_path(self):
+        """The checks of the compiled hot path, shared by :meth:`compile` and
+        the decoder-block fusion (:mod:`._fusion`): ``None`` when the numba
+        kernel cannot serve this node at all (no numba, softcap, smooth
+        softmax), else ``prep(bsz, s, width, packed, past_key, past_value,
+        seqlens_k, total_sequence_length, cos_cache, sin_cache)``.
+
+        ``prep`` returns ``None`` when these values leave the hot path (a
+        float32 past of shape (B, KVH, L, D), int seqlens (B,), one total
+        length >= S, validated float32 rotary caches), else ``(present_k,
+        present_v, copy_past, seqlens (B,) int64, total, alpha)``: the present
+        buffers are the past ones when they have room and may be written,
+        else new zeroed arrays. It remembers validated rotary caches by
+        identity and raises nothing: :meth:`run` finds and names problems."""
         if not self.fused or self.smooth or self.softcap > 0.0:
-            return self.run
-        h, kvh, run, rotary = self.h, self.kvh, self.run, self.do_rotary
+            return None
+        h, kvh, rotary = self.h, self.kvh, self.do_rotary
         f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
-        gqa, variant, shares = _nb.gqa_attention, tracing.kernel_variant, np.shares_memory
-        window, interleaved, scale = self.window, self.interleaved, self.scale
+        variant, shares, zeros = tracing.kernel_variant, np.shares_memory, np.zeros
+        scale = self.scale
         checked: list = [None, None]  # rotary caches (cos, sin) already validated
 
-        def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
-                                  seqlens_k=None, total_sequence_length=None, cos_cache=None,
-                                  sin_cache=None, *more):
-            args = (query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-                    cos_cache, sin_cache, *more)
-            packed = key is None and value is None
-            if ((not packed and (key is None or value is None or key.dtype != f32
-                                 or value.dtype != f32))
-                    or past_key is None or past_value is None or seqlens_k is None
-                    or total_sequence_length is None or any(x is not None for x in more)
-                    or query.dtype != f32 or past_key.dtype != f32 or past_value.dtype != f32
-                    or query.ndim != 3):
-                return run(*args)
-            bsz, s, width = query.shape
+        def prep(bsz, s, width, packed, past_key, past_value, seqlens_k, total_sequence_length,
+                 cos_cache, sin_cache):
+            if (past_key is None or past_value is None or seqlens_k is None
+                    or total_sequence_length is None or past_key.dtype != f32
+                    or past_value.dtype != f32):
+                return None
             heads = h + 2 * kvh if packed else h
             d = width // heads
-            kshape = (bsz, s, kvh * d)
             past_len = past_key.shape[2] if past_key.ndim == 4 else -1
             pshape = (bsz, kvh, past_len, d)
             tsl = total_sequence_length.reshape(-1)
             seqlens = seqlens_k.reshape(-1)
             if (width != heads * d or past_key.shape != pshape or past_value.shape != pshape
-                    or (not packed and (key.shape != kshape or value.shape != kshape))
                     or tsl.shape != (1,) or seqlens.shape != (bsz,) or seqlens.dtype.kind != "i"):
-                return run(*args)
+                return None
             total = int(tsl[0])
             if total < s:
-                return run(*args)
+                return None
             if rotary and (cos_cache is not checked[0] or sin_cache is not checked[1]):
                 cs = np.shape(cos_cache)
                 if (cos_cache.dtype != f32 or sin_cache.dtype != f32 or len(cs) != 2
                         or np.shape(sin_cache) != cs or not 0 < 2 * cs[1] <= d
                         or not cos_cache.flags.c_contiguous or not sin_cache.flags.c_contiguous):
-                    return run(*args)
+                    return None
                 checked[0], checked[1] = cos_cache, sin_cache
             if seqlens.dtype != i64:
                 seqlens = seqlens.astype(i64)
@@ -283,15 +279,56 @@ class GroupQueryAttention(Kernel):
                 present_k, present_v, copy = past_key, past_value, False
                 variant("kv", "in-place", "past buffer donated with capacity %d", past_len)
             else:
-                present_k = np.zeros((bsz, kvh, present_len, d), f32)
-                present_v = np.zeros((bsz, kvh, present_len, d), f32)
+                present_k = zeros((bsz, kvh, present_len, d), f32)
+                present_v = zeros((bsz, kvh, present_len, d), f32)
                 copy = past_len > 0
+            return (present_k, present_v, copy, seqlens, total,
+                    scale if scale != 0.0 else 1.0 / math.sqrt(d))
+
+        return prep
+
+    def compile(self):
+        """With numba, no softcap and no smooth softmax: a closure for the decode
+        and prefill hot path (float32 query/key/value, separate or packed, a
+        float32 past, no position ids, bias or sink) that does only the checks the compiled
+        kernel relies on (:meth:`fast_path`) and leaves every other case, and
+        every error message, to :meth:`run` (measured here: the checks of
+        :meth:`run` cost ~2x the kernel itself at decode). Same results as
+        :meth:`run`."""
+        prep = self.fast_path()
+        if prep is None:
+            return self.run
+        h, kvh, run, rotary = self.h, self.kvh, self.run, self.do_rotary
+        f32 = np.dtype(np.float32)
+        gqa, variant = _nb.gqa_attention, tracing.kernel_variant
+        window, interleaved = self.window, self.interleaved
+
+        def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
+                                  seqlens_k=None, total_sequence_length=None, cos_cache=None,
+                                  sin_cache=None, *more):
+            args = (query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                    cos_cache, sin_cache, *more)
+            packed = key is None and value is None
+            if ((not packed and (key is None or value is None or key.dtype != f32
+                                 or value.dtype != f32))
+                    or any(x is not None for x in more) or query.dtype != f32
+                    or query.ndim != 3):
+                return run(*args)
+            bsz, s, width = query.shape
+            if not packed:
+                kshape = (bsz, s, kvh * (width // h))
+                if key.shape != kshape or value.shape != kshape:
+                    return run(*args)
+            ready = prep(bsz, s, width, packed, past_key, past_value, seqlens_k,
+                         total_sequence_length, cos_cache, sin_cache)
+            if ready is None:
+                return run(*args)
+            present_k, present_v, copy, seqlens, total, alpha = ready
             y, status = gqa(query, key, value, past_key if copy else present_k,
                             past_value if copy else present_v, present_k, present_v, seqlens,
                             total, cos_cache if rotary else None, sin_cache if rotary else None,
                             None, num_heads=h, kv_num_heads=kvh, copy_past=copy,
-                            alpha=scale if scale != 0.0 else 1.0 / math.sqrt(d), window=window,
-                            interleaved=interleaved)
+                            alpha=alpha, window=window, interleaved=interleaved)
             if status:  # nothing was written: run() finds the problem and names it
                 return run(*args)
             variant("attention", "numba-fused", "float32, no bias/softcap/sink")

@@ -76,7 +76,7 @@ if HAVE_INT8_DOT:
     from llvmlite import ir
     from numba import njit, prange, types
     from numba.core import cgutils
-    from numba.extending import intrinsic
+    from numba.extending import intrinsic, overload
 
     _i8, _i16, _i32, _i64, _f32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32),
                                    ir.IntType(64), ir.FloatType())
@@ -88,6 +88,20 @@ if HAVE_INT8_DOT:
     def _load_vec(builder, base, index, vty):
         return builder.load(builder.bitcast(builder.gep(base, [index]), vty.as_pointer()),
                             align=1)
+
+    def _load_scales(builder, arr_ty, data, off, n):
+        """n float32 scales (a float for n == 1, else <n x float>) at element
+        ``off`` of a float32 array, or at byte ``off`` of the (u)int8 weight
+        array that embeds them as float16 (converted with vcvtph2ps)."""
+        if arr_ty.dtype != types.float32:
+            half, i16 = ir.HalfType(), _i16
+            src, hty = (i16, half) if n == 1 else (_V(i16, n), _V(half, n))
+            raw = builder.load(builder.bitcast(builder.gep(data, [off]), src.as_pointer()),
+                               align=1)
+            return builder.fpext(builder.bitcast(raw, hty), _f32 if n == 1 else _V(_f32, n))
+        if n == 1:
+            return builder.load(builder.gep(data, [off]))
+        return _load_vec(builder, data, off, _V(_f32, n))
 
     def _as_i64(builder, v):
         return v if v.type == _i64 else builder.sext(v, _i64)
@@ -112,18 +126,19 @@ if HAVE_INT8_DOT:
                 cgutils.get_or_insert_function(
                     mod, ir.FunctionType(v32, [v32, v32]), "llvm.x86.avx2.psign.b"))
 
-    def _weight_block(builder, bits, wa, w_off, b, psign):
-        """Block b of a weight row as the unsigned operand of vpmaddubsw, and
-        (8-bit) the signed values whose signs go onto the activations."""
+    def _weight_block(builder, bits, wa, w_off, b, psign, wstride):
+        """Block b of a weight column (blocks ``wstride`` bytes apart) as the
+        unsigned operand of vpmaddubsw, and (8-bit) the signed values whose
+        signs go onto the activations."""
+        at = builder.add(w_off, builder.mul(b, wstride))
         if bits == 4:
             # 16 bytes -> 32 values 0..15: low nibbles (even values), then high
-            raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(16))),
-                            _V(_i8, 16))
+            raw = _load_vec(builder, wa, at, _V(_i8, 16))
             lo = builder.and_(raw, _splat(_i8, 15, 16))
             hi = builder.lshr(raw, _splat(_i8, 4, 16))
             return builder.shuffle_vector(lo, hi, ir.Constant(_V(_i32, 32), list(range(32)))), None
         # signed x signed as |w| (<= 128 as u8) times sign(w) * x
-        ws = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, _i64(BLOCK))), _V(_i8, 32))
+        ws = _load_vec(builder, wa, at, _V(_i8, 32))
         return builder.call(psign, [ws, ws]), ws
 
     def _block_isum(builder, ops, wv, ws, xv):
@@ -140,6 +155,10 @@ if HAVE_INT8_DOT:
                                                              _i32(0)),
                                       ir.Constant(v8f, None), ir.Constant(_V(_i32, 8), [0] * 8))
 
+    def _lane(builder, vec, lane, n):
+        """<n x float> holding lane ``lane`` of ``vec`` in every lane."""
+        return builder.shuffle_vector(vec, vec, ir.Constant(_V(_i32, n), [lane] * n))
+
     def _block_loop(builder, nb, name):
         """Blocks of a loop over b in [0, nb): returns (entry, loop, done, b)
         with the builder inside the loop after b's phi (the caller adds its
@@ -153,69 +172,160 @@ if HAVE_INT8_DOT:
         b.add_incoming(_i64(0), entry)
         return entry, loop, done, b
 
-    def _dot_blocks_codegen(bits, rows):
-        """IR of, for r < rows: sum over blocks b < nb of d[d_off + b] *
-        sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
-        (integer sums), one <8 x float> accumulator per row; each weight block
-        is loaded (and its nibbles split) once for all rows."""
+    def _dot_rows_codegen(bits, rows):
+        """IR of, for r < rows: sum over blocks b < nb of d[d_off + b*dstride]
+        * sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
+        (integer sums) - dz[...] * xsum[...], one <8 x float> accumulator and
+        one zero-point float per row; each weight block is loaded (and its
+        nibbles split) once for all rows."""
 
         def codegen(context, builder, sig, args):
-            wa, xa, sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data
-                              for i in (0, 2, 4, 6))
-            w_off, x_off, s_off, d_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8))
+            wa, xa, sa, ua, da, za = (context.make_array(sig.args[i])(context, builder,
+                                                                     args[i]).data
+                                      for i in (0, 3, 5, 6, 8, 9))
+            w_off, wstride, x_off, s_off, d_off, z_off, dstride, nb = (
+                _as_i64(builder, args[i]) for i in (1, 2, 4, 7, 10, 11, 12, 13))
+            dty = sig.args[8]
             ops = _declare(builder)
             v32, v8f = _V(_i8, 32), _V(_f32, 8)
-            zero = _splat(_f32, 0.0, 8)
+            zero, fzero = _splat(_f32, 0.0, 8), ir.Constant(_f32, 0.0)
+            fast = ("fast",)
             row_x = builder.mul(nb, _i64(BLOCK))  # in the entry block, before the phis
-            entry, loop, done, b = _block_loop(builder, nb, "i8dot")
-            accs = []
-            for _ in range(rows):
-                acc = builder.phi(v8f)
-                acc.add_incoming(zero, entry)
-                accs.append(acc)
-            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2])
-            dval = builder.load(builder.gep(da, [builder.add(d_off, b)]))
+            entry, loop, done, b = _block_loop(builder, nb, "i8rows")
+            accs = [builder.phi(v8f) for _ in range(rows)]
+            corrs = [builder.phi(_f32) for _ in range(rows)]
+            for phi in accs:
+                phi.add_incoming(zero, entry)
+            for phi in corrs:
+                phi.add_incoming(fzero, entry)
+            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2], wstride)
+            step = builder.mul(b, dstride)
+            dval = _load_scales(builder, dty, da, builder.add(d_off, step), 1)
+            zval = _load_scales(builder, dty, za, builder.add(z_off, step), 1)
             x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
             s_at = builder.add(s_off, b)
-            new_accs = []
-            for r, acc in enumerate(accs):
+            new, newc = [], []
+            for r in range(rows):
                 xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
                 isum = _block_isum(builder, ops, wv, ws, xv)
-                sxv = builder.load(builder.gep(sa, [builder.add(s_at, builder.mul(nb, _i64(r)))]))
-                sv = _broadcast(builder, builder.fmul(dval, sxv))
-                new_accs.append(builder.fadd(
-                    acc, builder.fmul(builder.sitofp(isum, v8f), sv, flags=("fast",)),
-                    flags=("fast",)))
+                s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
+                sxv = builder.load(builder.gep(sa, [s_r]))
+                xsv = builder.load(builder.gep(ua, [s_r]))
+                sv = _broadcast(builder, builder.fmul(dval, sxv, flags=fast))
+                new.append(builder.fadd(
+                    accs[r], builder.fmul(builder.sitofp(isum, v8f), sv, flags=fast),
+                    flags=fast))
+                newc.append(builder.fadd(corrs[r], builder.fmul(zval, xsv, flags=fast),
+                                         flags=fast))
             b1 = builder.add(b, _i64(1))
             b.add_incoming(b1, loop)
-            for acc, acc1 in zip(accs, new_accs):
-                acc.add_incoming(acc1, loop)
+            for phi, val in zip(accs + corrs, new + newc):
+                phi.add_incoming(val, loop)
             builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
 
             builder.position_at_end(done)
-            totals = []
-            for acc1 in new_accs:  # every phi first, then the reductions
-                total = builder.phi(v8f)
-                total.add_incoming(zero, entry)
-                total.add_incoming(acc1, loop)
-                totals.append(total)
-            sums = [_hsum(builder, t) for t in totals]
+            finals = []
+            for val, z in zip(new + newc, [zero] * rows + [fzero] * rows):
+                phi = builder.phi(val.type)  # every phi first, then the reductions
+                phi.add_incoming(z, entry)
+                phi.add_incoming(val, loop)
+                finals.append(phi)
+            outs = [builder.fsub(_hsum(builder, finals[r]), finals[rows + r])
+                    for r in range(rows)]
             if rows == 1:
-                return sums[0]
-            return context.make_tuple(builder, sig.return_type, sums)
+                return outs[0]
+            return context.make_tuple(builder, sig.return_type, outs)
 
         return codegen
 
-    def _dot_intrinsic(bits, rows):
-        def typer(typingctx, w, w_off, xq, x_off, sx, s_off, d, d_off, nb):
+    def _bits_of(w):
+        """4 for uint8 weights (two values a byte), 8 for int8."""
+        return 4 if w.dtype == types.uint8 else 8
+
+    def _dot_rows_intrinsic(rows):
+        def typer(typingctx, w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off,
+                  z_off, dstride, nb):
             ret = types.float32 if rows == 1 else types.UniTuple(types.float32, rows)
-            return ret(w, w_off, xq, x_off, sx, s_off, d, d_off, nb), _dot_blocks_codegen(bits,
-                                                                                       rows)
-        typer.__name__ = f"_dot_q{bits}_i8_x{rows}"
+            return (ret(w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off, z_off,
+                        dstride, nb), _dot_rows_codegen(_bits_of(w), rows))
+        typer.__name__ = f"_dot_i8_x{rows}"
         return intrinsic(typer)
 
+    def _dot_group_codegen(bits):
+        """IR of one row of A times the four output columns of one interleaved
+        group (see :func:`pack_i8`): per block b the four columns' weight
+        blocks are adjacent (read as one sequential stream) and their four
+        scales / scale * zero points are one <4 x float> load. Per column
+        c: sum over b of d[c, b] * sx[b] * isum(c, b) - dz[c, b] * xsum[b].
+        The activation block is loaded once for all four columns, and the
+        columns' accumulators are independent chains (the loop runs at the
+        core's throughput, not at one add's latency per block)."""
+        per = 16 if bits == 4 else BLOCK
+
+        def codegen(context, builder, sig, args):
+            wa, xa, sa, ua, da, za = (context.make_array(sig.args[i])(context, builder,
+                                                                     args[i]).data
+                                      for i in (0, 3, 5, 6, 8, 9))
+            w_off, wstride, x_off, s_off, d_off, z_off, dstride, nb = (
+                _as_i64(builder, args[i]) for i in (1, 2, 4, 7, 10, 11, 12, 13))
+            dty = sig.args[8]
+            ops = _declare(builder)
+            v32, v8f, v4f = _V(_i8, 32), _V(_f32, 8), _V(_f32, 4)
+            zero, zero4 = _splat(_f32, 0.0, 8), _splat(_f32, 0.0, 4)
+            fast = ("fast",)
+            entry, loop, done, b = _block_loop(builder, nb, "i8group")
+            accs = [builder.phi(v8f) for _ in range(4)]
+            for phi in accs:
+                phi.add_incoming(zero, entry)
+            corr = builder.phi(v4f)
+            corr.add_incoming(zero4, entry)
+            xv = _load_vec(builder, xa, builder.add(x_off, builder.mul(b, _i64(BLOCK))), v32)
+            sxv = builder.load(builder.gep(sa, [builder.add(s_off, b)]))
+            xsv = builder.load(builder.gep(ua, [builder.add(s_off, b)]))
+            step = builder.mul(b, dstride)
+            d4 = _load_scales(builder, dty, da, builder.add(d_off, step), 4)
+            z4 = _load_scales(builder, dty, za, builder.add(z_off, step), 4)
+            s4 = builder.fmul(d4, _lane(builder, builder.insert_element(
+                ir.Constant(v4f, None), sxv, _i32(0)), 0, 4), flags=fast)
+            corr1 = builder.fadd(corr, builder.fmul(z4, _lane(builder, builder.insert_element(
+                ir.Constant(v4f, None), xsv, _i32(0)), 0, 4), flags=fast), flags=fast)
+            new = []
+            for c in range(4):
+                wv, ws = _weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
+                                       ops[2], wstride)
+                isum = _block_isum(builder, ops, wv, ws, xv)
+                new.append(builder.fadd(accs[c], builder.fmul(
+                    builder.sitofp(isum, v8f), _lane(builder, s4, c, 8), flags=fast),
+                    flags=fast))
+            b1 = builder.add(b, _i64(1))
+            b.add_incoming(b1, loop)
+            for phi, val in zip(accs + [corr], new + [corr1]):
+                phi.add_incoming(val, loop)
+            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
+
+            builder.position_at_end(done)
+            finals = []
+            for val, z in zip(new + [corr1], [zero] * 4 + [zero4]):
+                phi = builder.phi(val.type)  # every phi first, then the reductions
+                phi.add_incoming(z, entry)
+                phi.add_incoming(val, loop)
+                finals.append(phi)
+            outs = [builder.fsub(_hsum(builder, finals[c]),
+                                 builder.extract_element(finals[4], _i32(c))) for c in range(4)]
+            return context.make_tuple(builder, sig.return_type, outs)
+
+        return codegen
+
+    @intrinsic
+    def _group(typingctx, w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off, z_off,
+               dstride, nb):
+        return (types.UniTuple(types.float32, 4)(w, w_off, wstride, xq, x_off, sx, xsum, s_off,
+                                                 d, dz, d_off, z_off, dstride, nb),
+                _dot_group_codegen(_bits_of(w)))
+
     def _dot8_codegen(bits):
-        """IR of the eight outputs of rows r0..r0+7 for one weight row:
+        """IR of the eight outputs of rows r0..r0+7 for one weight column
+        (blocks ``wstride`` bytes apart, scales ``dstride`` apart):
         sum over blocks b of d[n, b] * sx[r, b] * isum(r, b) - dz[n, b] * xsum[r, b].
         The eight rows' block sums are reduced into one <8 x i32> (lane r: row
         r) by a transpose-and-add tree, so one conversion and two FMAs serve
@@ -225,8 +335,10 @@ if HAVE_INT8_DOT:
         def codegen(context, builder, sig, args):
             wa, xa, ta, ua, da, za = (context.make_array(sig.args[i])(context, builder,
                                                                      args[i]).data
-                                      for i in (0, 2, 4, 5, 6, 7))
-            w_off, x_off, t_off, n_off, nb = (_as_i64(builder, args[i]) for i in (1, 3, 8, 9, 10))
+                                      for i in (0, 3, 5, 6, 7, 8))
+            w_off, wstride, x_off, t_off, n_off, z_off, dstride, nb = (
+                _as_i64(builder, args[i]) for i in (1, 2, 4, 9, 10, 11, 12, 13))
+            dty = sig.args[7]
             ops = _declare(builder)
             v32, v8f = _V(_i8, 32), _V(_f32, 8)
             zero = _splat(_f32, 0.0, 8)
@@ -236,7 +348,7 @@ if HAVE_INT8_DOT:
             corr = builder.phi(v8f)
             acc.add_incoming(zero, entry)
             corr.add_incoming(zero, entry)
-            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2])
+            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2], wstride)
             x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
             parts = [_block_isum(builder, ops, wv, ws,
                                  _load_vec(builder, xa, builder.add(x_at, builder.mul(
@@ -253,10 +365,10 @@ if HAVE_INT8_DOT:
             u = [fold(q[i], q[i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
                  for i in (0, 2)]
             isum = fold(u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
-            at_n = builder.add(n_off, b)
+            step = builder.mul(b, dstride)
             at_t = builder.add(t_off, builder.mul(b, _i64(8)))
-            dv = _broadcast(builder, builder.load(builder.gep(da, [at_n])))
-            zv = _broadcast(builder, builder.load(builder.gep(za, [at_n])))
+            dv = _broadcast(builder, _load_scales(builder, dty, da, builder.add(n_off, step), 1))
+            zv = _broadcast(builder, _load_scales(builder, dty, za, builder.add(z_off, step), 1))
             sxv = _load_vec(builder, ta, at_t, v8f)
             xsv = _load_vec(builder, ua, at_t, v8f)
             fast = ("fast",)
@@ -283,20 +395,15 @@ if HAVE_INT8_DOT:
 
         return codegen
 
-    def _dot8_intrinsic(bits):
-        def typer(typingctx, w, w_off, xq, x_off, sx_t, xs_t, d, dz, t_off, n_off, nb):
-            sig = types.UniTuple(types.float32, 8)(w, w_off, xq, x_off, sx_t, xs_t, d, dz, t_off,
-                                                   n_off, nb)
-            return sig, _dot8_codegen(bits)
-        typer.__name__ = f"_dot_q{bits}_i8_x8"
-        return intrinsic(typer)
+    @intrinsic
+    def _dot8(typingctx, w, w_off, wstride, xq, x_off, sx_t, xs_t, d, dz, t_off, n_off, z_off,
+              dstride, nb):
+        sig = types.UniTuple(types.float32, 8)(w, w_off, wstride, xq, x_off, sx_t, xs_t, d, dz,
+                                               t_off, n_off, z_off, dstride, nb)
+        return sig, _dot8_codegen(_bits_of(w))
 
-    _dot8_q4 = _dot8_intrinsic(4)
-    _dot8_q8 = _dot8_intrinsic(8)
-    _dot_q4 = _dot_intrinsic(4, 1)
-    _dot_q8 = _dot_intrinsic(8, 1)
-    _dot4_q4 = _dot_intrinsic(4, 4)
-    _dot4_q8 = _dot_intrinsic(8, 4)
+    _dot4 = _dot_rows_intrinsic(4)
+    _dot1 = _dot_rows_intrinsic(1)
 
     # Rounding must be onnxruntime's bit for bit: float32 scale = max|a| / 127,
     # inv = 1 / scale, q = rint(a * inv), each correctly rounded. numba may
@@ -358,48 +465,104 @@ if HAVE_INT8_DOT:
                 sx[m, b] = scale
                 xsum[m, b] = scale * np.float32(total)
 
-    def _cols_kernel(dot, dot4, dot8, per_block):
-        def cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi):  # pragma: no cover
-            # output columns lo..hi for every row of xq, eight (then four, then
-            # one) rows per pass over a weight row (read from memory once,
-            # reused from L1); sx_t / xs_t: (M // 8, nb, 8) transposed copies
-            m_rows = xq.shape[0]
-            nb = d.shape[1]
-            kp = xq.shape[1]
-            wf = w.reshape(-1)
-            df = d.reshape(-1)
-            zf = dz.reshape(-1)
-            xf = xq.reshape(-1)
-            sf = sx.reshape(-1)
-            tf = sx_t.reshape(-1)
-            uf = xs_t.reshape(-1)
+    def _embedded(d):  # pragma: no cover - typed by the overload below
+        """Whether ``d`` is the uint8 weight array embedding float16 scales."""
+
+    @overload(_embedded, jit_options={"cache": True})
+    def _embedded_impl(d):
+        value = d.dtype != types.float32
+        return lambda d: value
+
+    def _per_block(w):  # pragma: no cover - typed by the overload below
+        """Weight bytes per 32-value block: 16 (uint8, 4-bit) or 32 (int8)."""
+
+    @overload(_per_block, jit_options={"cache": True})
+    def _per_block_impl(w):
+        value = 16 if w.dtype == types.uint8 else 32
+        return lambda w: value
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _column(n, n_all, nb, per, embedded):  # pragma: no cover - compiled
+        # (weight offset, weight block stride, scale offset, zero-point offset,
+        # scale block stride) of output column n in the layout of pack_i8; the
+        # float16 offsets are in bytes of the weight array
+        g4 = n_all - n_all % 4
+        if embedded:
+            grp = 4 * (per + 4)
+            if n < g4:
+                base = (n // 4) * nb * grp
+                at = base + 2 * (n % 4)
+                return base + 16 + (n % 4) * per, grp, at, at + 8, grp
+            base = (g4 // 4) * nb * grp + (n - g4) * nb * (per + 4)
+            return base + 4, per + 4, base, base + 2, per + 4
+        if n < g4:
+            at = (n // 4) * nb * 4 + n % 4
+            return (n // 4) * nb * 4 * per + (n % 4) * per, 4 * per, at, at, 4
+        return n * nb * per, per, n * nb, n * nb, 1
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi):  # pragma: no cover
+        # output columns lo..hi (lo a multiple of 4): eight (then four)
+        # rows of xq per pass over a weight column (read from memory
+        # once, reused from L1); the last rows (fewer than four: decode)
+        # one interleaved group of four columns per pass over a row of
+        # xq. sx_t / xs_t: (M // 8, nb, 8) transposed copies
+        m_rows = xq.shape[0]
+        n_all = w.shape[0]
+        kp = xq.shape[1]
+        nb = kp // 32
+        emb = _embedded(d)
+        per = _per_block(w)
+        g4 = n_all - n_all % 4
+        wf = w.reshape(-1)
+        df = d.reshape(-1)
+        zf = dz.reshape(-1)
+        xf = xq.reshape(-1)
+        sf = sx.reshape(-1)
+        uf = xsum.reshape(-1)
+        tf = sx_t.reshape(-1)
+        vf = xs_t.reshape(-1)
+        grouped = m_rows - m_rows % 4
+        if grouped:
             for n in range(lo, hi):
-                w_at = n * nb * per_block
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
                 m = 0
-                while m + 8 <= m_rows:
-                    t8 = dot8(wf, w_at, xf, m * kp, tf, uf, df, zf, m * nb, n * nb, nb)
+                while m + 8 <= grouped:
+                    t8 = _dot8(wf, wb, ws, xf, m * kp, tf, vf, df, zf, m * nb, db, zb, ds, nb)
                     for r in range(8):
                         out[m + r, n] = t8[r]
                     m += 8
-                while m + 4 <= m_rows:
-                    t = dot4(wf, w_at, xf, m * kp, sf, m * nb, df, n * nb, nb)
+                while m + 4 <= grouped:
+                    t = _dot4(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds, nb)
                     for r in range(4):
-                        z = np.float32(0.0)
-                        for b in range(nb):
-                            z += dz[n, b] * xsum[m + r, b]
-                        out[m + r, n] = t[r] - z
+                        out[m + r, n] = t[r]
                     m += 4
-                while m < m_rows:
-                    t1 = dot(wf, w_at, xf, m * kp, sf, m * nb, df, n * nb, nb)
-                    z = np.float32(0.0)
-                    for b in range(nb):
-                        z += dz[n, b] * xsum[m, b]
-                    out[m, n] = t1 - z
-                    m += 1
-        return njit(fastmath=True, nogil=True, cache=True)(cols)
+        full = min(hi, g4)
+        for m in range(grouped, m_rows):
+            n = lo
+            while n + 4 <= full:
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
+                t4 = _group(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds, nb)
+                for c in range(4):
+                    out[m, n + c] = t4[c]
+                n += 4
+            while n < hi:
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
+                out[m, n] = _dot1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds,
+                                 nb)
+                n += 1
 
-    _cols_q4 = _cols_kernel(_dot_q4, _dot4_q4, _dot8_q4, 16)
-    _cols_q8 = _cols_kernel(_dot_q8, _dot4_q8, _dot8_q8, 32)
+
+    @njit(nogil=True, cache=True)
+    def _quantize_into(a, xq, sx, xsum, sx_t, xs_t):  # pragma: no cover - compiled
+        # _quantize_rows, then the (M // 8, nb, 8) transposed copies of the scales
+        # and sums that the eight-row kernel reads
+        _quantize_rows(a, xq, sx, xsum)
+        for g in range(sx_t.shape[0]):
+            for b in range(sx_t.shape[1]):
+                for r in range(8):
+                    sx_t[g, b, r] = sx[g * 8 + r, b]
+                    xs_t[g, b, r] = xsum[g * 8 + r, b]
 
     @njit(nogil=True, cache=True)
     def _quantized(a):  # pragma: no cover - compiled
@@ -408,40 +571,32 @@ if HAVE_INT8_DOT:
         xq = np.empty((m, kp), np.int8)
         sx = np.empty((m, nb), np.float32)
         xsum = np.empty((m, nb), np.float32)
-        _quantize_rows(a, xq, sx, xsum)
-        groups = m // 8
-        sx_t = np.empty((groups, nb, 8), np.float32)
-        xs_t = np.empty((groups, nb, 8), np.float32)
-        for g in range(groups):
-            for b in range(nb):
-                for r in range(8):
-                    sx_t[g, b, r] = sx[g * 8 + r, b]
-                    xs_t[g, b, r] = xsum[g * 8 + r, b]
+        sx_t = np.empty((m // 8, nb, 8), np.float32)
+        xs_t = np.empty((m // 8, nb, 8), np.float32)
+        _quantize_into(a, xq, sx, xsum, sx_t, xs_t)
         return xq, sx, xsum, sx_t, xs_t
 
-    def _entry_points(cols):
-        # one compiled entry per call (quantize A, then the columns): each numba
-        # dispatch costs microseconds, and decode makes ~200 of these calls per
-        # token
-        def serial(a, w, d, dz, out):  # pragma: no cover - compiled
-            xq, sx, xsum, sx_t, xs_t = _quantized(a)
-            cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
+    # one compiled entry per call (quantize A, then the columns): each numba
+    # dispatch costs microseconds. Module-level functions, not closures over
+    # the kernels: numba's disk cache keys a closure by its cell contents,
+    # which differ per process, so closures were compiled again in every one.
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _serial_i8(a, w, d, dz, out):  # pragma: no cover - compiled
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
+        _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, 0, w.shape[0])
 
-        def parallel(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
-            xq, sx, xsum, sx_t, xs_t = _quantized(a)
-            n_cols = w.shape[0]
-            per = (n_cols + chunks - 1) // chunks
-            for c in prange(chunks):
-                cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per,
-                     min(n_cols, (c + 1) * per))
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    def _par_i8(a, w, d, dz, out, chunks):  # pragma: no cover - compiled
+        xq, sx, xsum, sx_t, xs_t = _quantized(a)
+        n_cols = w.shape[0]
+        per = ((n_cols + chunks - 1) // chunks + 3) // 4 * 4  # whole column groups
+        for c in prange(chunks):
+            _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, c * per, min(n_cols, (c + 1) * per))
 
-        return (njit(fastmath=True, nogil=True, cache=True)(serial),
-                njit(parallel=True, fastmath=True, nogil=True, cache=True)(parallel))
-
-    # (numba's disk cache keys these closures by name and signature: the 4-bit
-    # and 8-bit instances differ in the weight dtype, uint8 vs int8)
-    _serial_q4, _par_q4 = _entry_points(_cols_q4)
-    _serial_q8, _par_q8 = _entry_points(_cols_q8)
+    # the 4- and 8-bit kernels are the same functions typed by the weight
+    # dtype (uint8: 4-bit, int8: 8-bit)
+    _serial_q4 = _serial_q8 = _serial_i8
+    _par_q4 = _par_q8 = _par_i8
 
 
 def quantize_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -463,32 +618,99 @@ def quantize_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return xq, sx, xsum
 
 
+def interleave_columns(x: np.ndarray) -> np.ndarray:
+    """(N, n_blocks, ...) -> the same shape holding the pack_i8 column order:
+    the first N - N % 4 columns in groups of four, block-major within a group
+    ((N // 4, n_blocks, 4, ...)), then the last N % 4 columns as they were."""
+    n, nb = x.shape[:2]
+    g4 = n - n % 4
+    head = x[:g4].reshape(g4 // 4, 4, nb, *x.shape[2:]).swapaxes(1, 2)
+    return np.concatenate([head.reshape(-1), x[g4:].reshape(-1)]).reshape(x.shape)
+
+
 def pack_i8(q: np.ndarray, scales: np.ndarray, zps: np.ndarray, bits: int
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weights of a block-32 MatMulNBits for :func:`gemm_i8`.
 
     Args:
-        q: 4-bit: (N, n_blocks, 16) uint8 as MatMulNBits packs them (copied
-            as is); 8-bit: (N, n_blocks, 32) uint8.
+        q: 4-bit: (N, n_blocks, 16) uint8 as MatMulNBits packs them; 8-bit:
+            (N, n_blocks, 32) uint8.
         scales / zps: (N, n_blocks) float32 scales and zero points.
         bits: 4 or 8.
 
     Returns:
-        ``(w, d, dz)`` in the layouts of the module docstring.
+        ``(w, d, dz)``: (N, n_blocks * 16 or 32) and (N, n_blocks) arrays in
+        the layouts of the module docstring, columns interleaved by four
+        (:func:`interleave_columns`). A fresh copy, not a view of the
+        (memory-mapped) initializer: numpy backs large arrays with
+        transparent huge pages, and decode streams every weight each token.
     """
     n, nb = scales.shape
     d = np.ascontiguousarray(scales, np.float32)
     if bits == 4:
-        # a copy, not a view of the (memory-mapped) initializer: numpy backs
-        # large arrays with transparent huge pages, and decode streams every
-        # weight each token; measured here ~8 % faster per step than the view
-        w = np.array(q, np.uint8, order="C").reshape(n, nb * 16)
+        w = np.ascontiguousarray(q, np.uint8).reshape(n, nb, 16)
         dz = d * zps
     else:
         s = (q.astype(np.int16) - 128).astype(np.int8).reshape(n, nb, 16, 2)
-        w = np.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(n, nb * 32)
+        w = np.ascontiguousarray(s.transpose(0, 1, 3, 2)).reshape(n, nb, 32)
         dz = d * (zps - np.float32(128))
-    return w, d, np.ascontiguousarray(dz, np.float32)
+    dz = np.ascontiguousarray(dz, np.float32)
+    halves = _as_halves(d, dz) if EMBED_HALF_SCALES else None
+    if halves is None:
+        return (interleave_columns(w).reshape(n, -1), interleave_columns(d),
+                interleave_columns(dz))
+    e = _embed(w.view(np.uint8), *halves).view(w.dtype)
+    return e, e, e
+
+
+#: store float16-exact scales inside the weight stream (False: always the
+#: separate float32 arrays; for comparisons)
+EMBED_HALF_SCALES = True
+#: a scale * zero point is stored as float16 when that changes it by at most
+#: this much relative to it (it was a float16 value up to float32 rounding: a
+#: GGUF Q4_1 block's minimum, as the builder writes d * zp = -m)
+HALF_ZERO_POINT_RTOL = 2.0 ** -20
+
+
+def _as_halves(d: np.ndarray, dz: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(d, dz) as float16 bit patterns (uint16) when every scale is a float16
+    value exactly and every scale * zero point within
+    :data:`HALF_ZERO_POINT_RTOL` of one; else None."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        d16 = d.astype(np.float16)
+        z16 = dz.astype(np.float16)
+        ok = (np.isfinite(d).all() and np.array_equal(d16.astype(np.float32), d)
+              and np.isfinite(z16).all()
+              and bool(np.all(np.abs(z16.astype(np.float32) - dz)
+                              <= np.float32(HALF_ZERO_POINT_RTOL) * np.abs(dz))))
+    return (d16.view(np.uint16), z16.view(np.uint16)) if ok else None
+
+
+def _embed(w: np.ndarray, d16: np.ndarray, z16: np.ndarray) -> np.ndarray:
+    """(N, nb, per) uint8 weights and (N, nb) float16 bits -> (N, nb * (per +
+    4)) uint8: per group of four columns and block, the four scales, the four
+    scale * zero points (float16, little-endian), then the four weight blocks;
+    the last N % 4 columns per block: scale, scale * zero point, weights."""
+    n, nb, per = w.shape
+    g4 = n - n % 4
+    g = g4 // 4
+
+    def grouped(x: np.ndarray) -> np.ndarray:  # (N, nb, k) -> (G, nb, 4 * k) bytes
+        k = x.shape[2]
+        x = np.ascontiguousarray(x[:g4].reshape(g, 4, nb, k).swapaxes(1, 2))
+        if not g:
+            return np.zeros((0, nb, 4 * x.itemsize * k), np.uint8)
+        return x.view(np.uint8).reshape(g, nb, -1)
+
+    def tail_bytes(x: np.ndarray) -> np.ndarray:  # (N, nb, k) -> (N % 4, nb, k) bytes
+        x = np.ascontiguousarray(x[g4:])
+        return x.view(np.uint8).reshape(n - g4, nb, -1) if n > g4 else np.zeros(
+            (0, nb, x.itemsize * x.shape[2]), np.uint8)
+
+    head = np.concatenate([grouped(d16[..., None]), grouped(z16[..., None]), grouped(w)], axis=2)
+    tail = np.concatenate([tail_bytes(d16[..., None]), tail_bytes(z16[..., None]),
+                           tail_bytes(w)], axis=2)
+    return np.concatenate([head.reshape(-1), tail.reshape(-1)]).reshape(n, nb * (per + 4))
 
 
 def gemm_i8(a: np.ndarray, w: np.ndarray, d: np.ndarray, dz: np.ndarray, bits: int,

@@ -248,6 +248,55 @@ if HAVE_NUMBA:
                 for j in range(d):
                     out[b, s, hh * d + j] = acc[i, j]
 
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b, kh, d, s_len,
+                     r2, koff, voff, copy_past, rotary, interleaved):  # pragma: no cover
+        # KV head kh of batch row b: copy its cached rows (unless the past
+        # buffer is the present one), rotate the new keys and append them and
+        # the values at rows P_b + s
+        if copy_past:
+            for t in range(past[b]):
+                for j in range(d):
+                    pk[b, kh, t, j] = past_k[b, kh, t, j]
+                    pv[b, kh, t, j] = past_v[b, kh, t, j]
+        for s in range(s_len):
+            t = past[b] + s
+            row = pk[b, kh, t]
+            for j in range(d):
+                row[j] = key[b, s, koff + kh * d + j]
+                pv[b, kh, t, j] = value[b, s, voff + kh * d + j]
+            if rotary:
+                _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+
+    @njit(nogil=True, cache=True)
+    def _gqa_lengths(seqlens, total, bsz, s_len, cap, copy_past, past_rows, pos_ids, has_pos,
+                     rotary, n_pos):  # pragma: no cover - compiled
+        # (status, past (B,), tot (B,), pos (B, S), t_max): per batch row the
+        # cached length P_b and attended length T_b, the rotary positions; a
+        # non-zero status (see gqa_attention) before anything is written
+        past = np.empty(bsz, np.int64)
+        tot = np.empty(bsz, np.int64)
+        pos = np.empty((bsz, s_len), np.int64)
+        first = s_len == total
+        t_max = 1
+        for b in range(bsz):
+            if seqlens[b] < 0 or seqlens[b] >= total:
+                return 4, past, tot, pos, t_max
+            tot[b] = seqlens[b] + 1
+            past[b] = 0 if first else tot[b] - s_len
+            if past[b] < 0 or past[b] + s_len > cap:
+                return 1, past, tot, pos, t_max
+            if copy_past and past[b] > past_rows:
+                return 2, past, tot, pos, t_max
+            t_max = max(t_max, tot[b])
+        for b in range(bsz):
+            for s in range(s_len):
+                p = pos_ids[b, s] if has_pos else (s if first else past[b] + s)
+                if rotary and (p < 0 or p >= n_pos):
+                    return 3, past, tot, pos, t_max
+                pos[b, s] = p
+        return 0, past, tot, pos, t_max
+
     def _gqa_body(query, key, value, past_k, past_v, pk, pv, seqlens, total, cos, sin, pos_ids,
                   h, kvh, packed, copy_past, rotary, has_pos, interleaved, alpha, window,
                   out, chunks):  # pragma: no cover - compiled
@@ -255,28 +304,11 @@ if HAVE_NUMBA:
         d = width // (h + 2 * kvh) if packed else width // h
         g = h // kvh
         r2 = cos.shape[1]
-        cap = pk.shape[2]
-        first = s_len == total
-        past = np.empty(bsz, np.int64)
-        tot = np.empty(bsz, np.int64)
-        t_max = 1
-        for b in range(bsz):
-            if seqlens[b] < 0 or seqlens[b] >= total:
-                return 4
-            tot[b] = seqlens[b] + 1
-            past[b] = 0 if first else tot[b] - s_len
-            if past[b] < 0 or past[b] + s_len > cap:
-                return 1
-            if copy_past and past[b] > past_k.shape[2]:
-                return 2
-            t_max = max(t_max, tot[b])
-        pos = np.empty((bsz, s_len), np.int64)
-        for b in range(bsz):
-            for s in range(s_len):
-                p = pos_ids[b, s] if has_pos else (s if first else past[b] + s)
-                if rotary and (p < 0 or p >= cos.shape[0]):
-                    return 3
-                pos[b, s] = p
+        status, past, tot, pos, t_max = _gqa_lengths(
+            seqlens, total, bsz, s_len, pk.shape[2], copy_past, past_k.shape[2], pos_ids,
+            has_pos, rotary, cos.shape[0])
+        if status != 0:
+            return status
         koff = h * d if packed else 0
         voff = (h + kvh) * d if packed else 0
         # 1. copy the cached rows (unless the past buffer is the present one),
@@ -285,19 +317,8 @@ if HAVE_NUMBA:
         # when it cannot prove the operands apart (measured: 15x slower).
         for b in range(bsz):
             for kh in range(kvh):
-                if copy_past:
-                    for t in range(past[b]):
-                        for j in range(d):
-                            pk[b, kh, t, j] = past_k[b, kh, t, j]
-                            pv[b, kh, t, j] = past_v[b, kh, t, j]
-                for s in range(s_len):
-                    t = past[b] + s
-                    row = pk[b, kh, t]
-                    for j in range(d):
-                        row[j] = key[b, s, koff + kh * d + j]
-                        pv[b, kh, t, j] = value[b, s, voff + kh * d + j]
-                    if rotary:
-                        _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+                _append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b, kh, d,
+                             s_len, r2, koff, voff, copy_past, rotary, interleaved)
         # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch row, KV head)
         pairs = bsz * kvh
         per = (pairs + chunks - 1) // chunks

@@ -35,6 +35,14 @@ class CPUExecutionProvider(ExecutionProvider):
         super().__init__(workers=workers or min(4, os.cpu_count() or 1),
                          memory_limit=memory_limit, profile=CPU_PROFILE)
 
+    def fuse_steps(self, steps, protected, consts, make_step):
+        """Fuse LLM decoder blocks (:mod:`._fusion`) among this provider's steps."""
+        from ._fusion import fuse_decoder_blocks
+        mine = [st for st in steps if st.provider is self]
+        if len(mine) < 8:
+            return steps, []
+        return fuse_decoder_blocks(steps, protected, consts, make_step, self)
+
     def alloc_array(self, shape, dtype, zero):
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
 

@@ -61,6 +61,72 @@ def test_int8_matches_onnxruntime_int8(bits, zp_kind, m, k):
     assert np.abs(got - exact).max() > 1e-4 * np.abs(exact).max()
 
 
+def half_exact(rng, n, k, bits, zp_kind):
+    """MatMulNBits inputs whose scales are float16 values (and, for float zero
+    points, whose scale * zero point is one up to float32 rounding: a GGUF
+    Q4_1 block's d and m, as the builder writes zp = -m / d)."""
+    b, s, zp = quantized(rng, n, k, bits, 32, zp_kind)
+    s = s.astype(np.float16).astype(np.float32)
+    if zp_kind == "float":
+        m = (-(rng.random(s.shape) * 0.05)).astype(np.float16).astype(np.float32)
+        zp = (-m / s).astype(np.float32)
+    return b, s, zp
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,n", [(1, 70), (3, 8), (4, 70), (9, 5), (13, 70)])
+def test_int8_float16_scales_embedded_match_onnxruntime_int8(bits, m, n):
+    # float16-exact scales (symmetric: scale * zero point is a power-of-two
+    # multiple) are stored as float16 inside the weight stream (0.625 bytes
+    # per 4-bit weight); four-column groups and their tails
+    rng = np.random.default_rng(bits * 1000 + m * 10 + n)
+    k = 576
+    b, s, zp = half_exact(rng, n, k, bits, "none")
+    p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=bits, block_size=32, use_numba=True, int8=True)
+    assert p.qi is p.scales is p.dz and p.qi.shape == (n, (k // 32) * ((32 * bits // 8) + 4))
+    a = (rng.standard_normal((m, k)) * rng.choice([0.1, 1.0, 30.0], (m, k))).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=bits, block_size=32, accuracy_level=4)
+    (want,) = run_onnxruntime(model, feeds)
+    (got,) = run_actorrt(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_int8
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_int8_float16_zero_points_match_the_int8_arithmetic(m):
+    rng = np.random.default_rng(40 + m)
+    k, n = 576, 22
+    b, s, zp = half_exact(rng, n, k, 4, "float")
+    p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=4, block_size=32, use_numba=True, int8=True)
+    assert p.qi is p.scales
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=4, block_size=32, accuracy_level=4)
+    (got,) = run_actorrt(model, feeds)
+    want = int8_activations(a) @ dequantized(b, s, zp, n=n, k=k, bits=4).T
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_int8_scales_that_are_not_float16_keep_float32():
+    rng = np.random.default_rng(5)
+    b, s, zp = quantized(rng, 8, 64, 4, 32, "float")
+    s = s.astype(np.float16).astype(np.float32)
+    s[3, 1] = np.nextafter(s[3, 1], np.float32(1))  # one scale that float16 cannot hold
+    w, d, dz = ci.pack_i8(b.reshape(8, 2, 16), s, zp, 4)
+    assert d.dtype == np.float32 and d is not w
+    s2 = s.copy()
+    s2[3, 1] = np.float16(s2[3, 1] * 2)
+    zp2 = zp.copy()
+    zp2[0, 0] = np.float32(0.1234567)  # scale * zero point off a float16 value
+    w, d, dz = ci.pack_i8(b.reshape(8, 2, 16), s2, zp2, 4)
+    assert d.dtype == np.float32
+    # integer zero points: scale * zero point needs more than float16's 11 bits
+    b, s, zp = quantized(rng, 8, 64, 4, 32, "packed")
+    p = cq.pack_nbits(b, s.astype(np.float16).astype(np.float32), zp, k=64, n=8, bits=4,
+                      block_size=32, use_numba=True, int8=True)
+    assert p.scales.dtype == np.float32
+
+
 @needs_int8
 @pytest.mark.parametrize("m", [1, 4, 6])
 def test_int8_float_zero_points_match_the_int8_arithmetic(m):

@@ -1,0 +1,224 @@
+"""Decoder-block fusion (actorrt.providers.cpu._fusion).
+
+Oracles: the same graph run node by node (``fuse_kernels=False``: the
+original kernels, themselves checked against onnxruntime elsewhere) and
+onnxruntime on the same file. Models: 2-layer llamas built from tiny random
+GGUFs by ``actorrt.genai``'s builder (the graph the fusion was written for),
+prefill then decode steps with KV buffers that have spare capacity (appended
+in place, as the engine runs them), batch 2 with different lengths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+ort = pytest.importorskip("onnxruntime")
+
+from actorrt import KernelError, SessionOptions, open_session  # noqa: E402
+from actorrt.genai import models as models_mod  # noqa: E402
+from actorrt.genai.models import load_genai_config, prepare_model  # noqa: E402
+from actorrt.providers.cpu import _contrib_int8 as ci  # noqa: E402
+from actorrt.providers.cpu import _contrib_numba as nbk  # noqa: E402
+from actorrt.providers.cpu import _fusion  # noqa: E402
+from tests.genai.test_builder import write_tiny_gguf  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the fused kernels need numba")
+
+WEIGHTS = {"q4_1": dict(qtype="Q4_1", embed="Q8_0"), "q4_0": dict(qtype="Q4_0", embed="Q8_0"),
+           "q8_0": dict(qtype="Q8_0", embed="Q8_0")}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """weights kind -> (model folder, genai config)."""
+    out = {}
+    for kind, kw in WEIGHTS.items():
+        tmp = tmp_path_factory.mktemp(kind)
+        folder = prepare_model(write_tiny_gguf(tmp / "tiny.gguf", **kw), home=tmp / "home",
+                               progress=False)
+        out[kind] = (folder, load_genai_config(folder))
+    return out
+
+
+def model_path(tiny, kind: str, level: int):
+    folder, cfg = tiny[kind]
+    return models_mod.model_file(folder, level), cfg
+
+
+def decode_feeds(cfg, steps=(5, 1, 1), batch_lengths=(1,), capacity=16, seed=0):
+    """Feeds of a prefill then decode steps: batch rows of the given extra
+    past lengths (left as padding), KV buffers of ``capacity`` positions."""
+    rng = np.random.default_rng(seed)
+    bsz = len(batch_lengths)
+    kv = {n: np.zeros((bsz, cfg.num_kv_heads, capacity, cfg.head_dim), np.float32)
+          for n in cfg.kv_input_names()}
+    lengths = [0] * bsz
+    for s in steps:
+        ids = rng.integers(3, 280, (bsz, s))
+        total = max(lengths) + s
+        mask = np.zeros((bsz, total), np.int64)
+        for b in range(bsz):
+            mask[b, :lengths[b] + s] = 1
+        yield {"input_ids": ids, "attention_mask": mask, **kv}, kv
+        lengths = [n + s for n in lengths]
+
+
+async def run_steps(path, cfg, options, **kw):
+    """logits and present KV of every step (copies)."""
+    got = []
+    async with open_session(path, None, options) as sess:
+        names = cfg.kv_input_names()
+        fusions = list(sess.plan.fusions)
+        state = None
+        for feeds, kv in decode_feeds(cfg, **kw):
+            if state is not None:
+                feeds.update(state)
+            outs = await sess.run(None, feeds, donate=names)
+            by = dict(zip([o.name for o in sess.get_outputs()], outs))
+            state = {n: by[o] for n, o in zip(names, cfg.kv_output_names())}
+            got.append([np.array(by["logits"])] + [np.array(by[o]) for o in cfg.kv_output_names()])
+    return got, fusions
+
+
+def assert_steps_close(a, b, rtol):
+    for sa, sb in zip(a, b):
+        for x, y in zip(sa, sb):
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=rtol * max(1.0, np.abs(y).max()))
+
+
+@pytest.mark.parametrize("kind", list(WEIGHTS))
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("batch_lengths", [(0,), (0, 2)])
+async def test_fused_blocks_match_the_nodes(tiny, kind, level, batch_lengths):
+    if level == 4 and not ci.HAVE_INT8_DOT:
+        pytest.skip("accuracy_level 4 keeps float32 activations without AVX2")
+    path, cfg = model_path(tiny, kind, level)
+    steps = (4, 1, 1, 1) if len(batch_lengths) == 1 else (3, 1, 1)
+    fused, fusions = await run_steps(path, cfg, SessionOptions(), steps=steps,
+                                     batch_lengths=batch_lengths)
+    plain, none = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), steps=steps,
+                                  batch_lengths=batch_lengths)
+    assert len(fusions) == cfg.num_layers and not none
+    assert all(len(names) == 11 for _, names in fusions)  # packed QKV: 11 nodes a layer
+    assert_steps_close(fused, plain, 1e-5)
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
+    # the int8 block's stage program run by a team of threads claiming chunks
+    # gives the same bits as one thread running every chunk
+    path, cfg = model_path(tiny, kind, 4)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 1 << 40)
+    one, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
+                             batch_lengths=(0, 3))
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    old = nbk.num_threads()
+    nbk.set_num_threads(2)
+    try:
+        team, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
+                                  batch_lengths=(0, 3))
+    finally:
+        nbk.set_num_threads(old)
+    for a, b in zip(one, team):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+async def test_fused_model_matches_onnxruntime(tiny):
+    # the float32-activation variant against the peer, prefill and decode
+    path, cfg = model_path(tiny, "q4_1", 0)
+    got, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1))
+    assert fusions
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = cfg.kv_input_names()
+    state = None
+    for i, (feeds, _) in enumerate(decode_feeds(cfg, steps=(5, 1, 1))):
+        n = feeds["attention_mask"].shape[1] - feeds["input_ids"].shape[1]
+        feeds = dict(feeds)
+        for nm in names:  # onnxruntime's convention: a past of exactly the cached length
+            feeds[nm] = state[nm] if state is not None else feeds[nm][:, :, :n]
+        outs = sess.run(None, feeds)
+        by = dict(zip([o.name for o in sess.get_outputs()], outs))
+        state = {nm: by[o] for nm, o in zip(names, cfg.kv_output_names())}
+        scale = np.abs(by["logits"]).max()
+        np.testing.assert_allclose(got[i][0], by["logits"], rtol=1e-4, atol=1e-4 * scale)
+
+
+async def test_fused_block_error_names_the_original_node(tiny):
+    # seqlens_k = -1 (an all-zero mask row) leaves the compiled path; the
+    # original GroupQueryAttention kernel raises and is named
+    path, cfg = model_path(tiny, "q4_1", 0)
+    (feeds, _), *_ = decode_feeds(cfg, steps=(2,))
+    feeds["attention_mask"] = np.zeros_like(feeds["attention_mask"])
+    async with open_session(path) as sess:
+        assert sess.plan.fusions
+        with pytest.raises(KernelError) as err:
+            await sess.run(None, feeds)
+    assert "GroupQueryAttention" in str(err.value)
+    assert err.value.node == "model.layers.0/attn/GroupQueryAttention"
+
+
+async def test_float64_inputs_run_the_original_kernels(tiny, monkeypatch):
+    # a value the compiled path does not take (here: a non-contiguous hidden
+    # state) runs the original kernels one after another, same result
+    path, cfg = model_path(tiny, "q4_1", 0)
+    calls = []
+    orig = _fusion.DecoderBlock._fallback
+
+    def spy(self, *inputs):
+        calls.append(self.node.name)
+        return orig(self, *inputs)
+
+    monkeypatch.setattr(_fusion.DecoderBlock, "_fallback", spy)
+    async with open_session(path) as sess:
+        step = next(s for s in sess.plan.steps if s.node.op_type == _fusion.FUSED_OP)
+        block = step.fn
+        plain = step.kernel._fallback
+        rng = np.random.default_rng(1)
+        h = rng.standard_normal((1, 3, 64 * 2)).astype(np.float32)[:, :, ::2]  # strided
+        res = rng.standard_normal((1, 3, 64)).astype(np.float32)
+        kv = [np.zeros((1, cfg.num_kv_heads, 8, cfg.head_dim), np.float32) for _ in range(2)]
+        consts = step.kernel.match["consts"]
+        cos, sin = (consts[s] for s in step.inputs[6:8])
+        args = (h, res, *kv, np.array([2], np.int32), np.array([3], np.int32), cos, sin)
+        got = block(*args)
+        assert calls == [step.node.name]
+        kv2 = [np.zeros_like(k) for k in kv]
+        want = plain(np.ascontiguousarray(h), res, *kv2, *args[4:])
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+
+
+async def test_a_block_whose_intermediate_is_read_outside_is_not_fused(tiny):
+    path, cfg = model_path(tiny, "q4_1", 0)
+    model = onnx.load(str(path), load_external_data=False)
+    gate = next(n for n in model.graph.node if n.name.endswith("layers.1/mlp/act/Sigmoid"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(gate.output[0],
+                                                                 onnx.TensorProto.FLOAT, None))
+    copy = path.parent / "extra_output.onnx"
+    onnx.save(model, str(copy))
+    try:
+        async with open_session(copy) as sess:
+            fused = [names for _, names in sess.plan.fusions]
+        assert len(fused) == 1 and "model.layers.0/attn/GroupQueryAttention" in fused[0]
+    finally:
+        copy.unlink()
+
+
+async def test_fusion_is_traced(tiny, tmp_path):
+    import json
+    path, cfg = model_path(tiny, "q4_1", 0)
+    trace = tmp_path / "trace.json"
+    async with open_session(path, None, SessionOptions(trace_path=str(trace))) as sess:
+        (feeds, _), *_ = decode_feeds(cfg, steps=(3,))
+        await sess.run(None, feeds)
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    spans = [e for e in events if e.get("name", "").endswith("/DecoderBlock")]
+    assert spans and "decoder-block" in json.dumps(spans[0])

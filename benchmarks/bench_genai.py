@@ -62,8 +62,8 @@ def ort_greedy(folder, ids: list[int], new_tokens: int, threads: int,
 def weight_bytes_per_token(folder) -> tuple[int, int, int]:
     """(bytes of the MatMulNBits weights in the file, bytes the float32-activation
     numba kernels stream: one byte per quantized value plus float32 scales and
-    zero points, bytes the int8 kernels stream: the packed values plus float32
-    scale and scale * zero point). Every decode step reads each once."""
+    zero points, bytes the int8 kernels stream: their prepacked arrays as a
+    level-4 session holds them). Every decode step reads each once."""
     import onnx
     m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     sizes = {}
@@ -72,7 +72,7 @@ def weight_bytes_per_token(folder) -> tuple[int, int, int]:
         for d in t.dims:
             n *= d
         sizes[t.name] = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    file_b = kern_b = int8_b = 0
+    file_b = kern_b = 0
     for node in m.graph.node:
         if node.op_type != "MatMulNBits":
             continue
@@ -81,8 +81,24 @@ def weight_bytes_per_token(folder) -> tuple[int, int, int]:
         nb = -(-k // bs)
         file_b += sum(sizes.get(x, 0) for x in node.input[1:4] if x)
         kern_b += n * nb * bs + 2 * 4 * n * nb
-        int8_b += n * nb * (bs * at.get("bits", 4) // 8) + 2 * 4 * n * nb
-    return file_b, kern_b, int8_b
+    return file_b, kern_b, int8_packed_bytes(model_file(folder, 4))
+
+
+def int8_packed_bytes(path) -> int:
+    """Bytes of the prepacked MatMulNBits arrays of a session on ``path``
+    (fused decoder blocks included), each array counted once."""
+    import actorrt
+    from actorrt.providers.cpu._contrib_quant import MatMulNBits
+    seen: dict[int, int] = {}
+    with actorrt.InferenceSession(path) as sess:
+        steps = list(sess._session.plan.steps)
+        while steps:
+            st = steps.pop()
+            steps.extend(getattr(st.kernel, "sub_steps", ()))
+            p = st.kernel.packed if isinstance(st.kernel, MatMulNBits) else None
+            for a in (p.qi, p.scales, p.dz) if p is not None and p.qi is not None else ():
+                seen[id(a)] = a.nbytes
+    return sum(seen.values())
 
 
 def read_bandwidth(threads: int, nbytes: int = 256 << 20) -> float:

@@ -12,27 +12,40 @@ contribution to ``y[m, n]`` is then
     scale[n, b] * sx[m, b] * sum_i(q[n, b, i] * xq[m, b, i])
         - scale[n, b] * zp[n, b] * sx[m, b] * sum_i(xq[m, b, i])
 
-(the first sum in integers). The weights stay as the file packs them: 4-bit
-values two per byte (16 bytes per block, as MatMulNBits packs them), 8-bit
-values one signed byte per value. Per block the kernel streams 16 (or 32) bytes of
-weights plus two float32 numbers (``scale`` and ``scale * zp``): 0.75 bytes
-per 4-bit weight, where the float32-activation kernels of
+(the first sum in integers). The weight values stay as the file packs them:
+4-bit values two per byte (16 bytes per block, as MatMulNBits packs them),
+8-bit values one signed byte per value. Per block the kernel streams 16 (or
+32) bytes of weights plus ``scale`` and ``scale * zp``: as float16 inside the
+weight stream when every scale is a float16 value and every ``scale * zp``
+one up to float32 rounding (GGUF Q4_0/Q4_1/Q8_0 weights: 0.625 bytes per
+4-bit weight, as llama.cpp streams them), else as two float32 arrays (0.75
+bytes per 4-bit weight). The float32-activation kernels of
 :mod:`._contrib_numba` stream 1.25.
 
 The block dot product is written in LLVM IR with the AVX2 byte
 multiply-add instructions (``vpmaddubsw``, ``vpmaddwd``): numba's own loops
 vectorize a 32-value integer dot product with a horizontal reduction per
-block, ~4x slower. :data:`HAVE_INT8_DOT` is False without numba, off x86-64,
-without AVX2, or when numba compiles for another CPU than the host
+block, ~4x slower. One row of A (decode) is multiplied with four output
+columns per pass: their weight blocks are adjacent in memory (one sequential
+stream), and the four accumulators are independent chains (one column at a
+time ran at an add's latency per block: 10-12 G weights/s on one core here,
+four at a time 15-17). :data:`HAVE_INT8_DOT` is False without numba, off
+x86-64, without AVX2, or when numba compiles for another CPU than the host
 (``NUMBA_CPU_NAME``); MatMulNBits then keeps float32 activations.
 
-Layouts (C-contiguous):
-    ``w``: 4-bit (N, n_blocks * 16) uint8, value ``2i`` of a block in the low
-    nibble of byte ``i`` (MatMulNBits' own layout); 8-bit (N, n_blocks * 32)
-    int8 holding ``q - 128``, each block reordered as values 0, 2, ..., 30,
-    1, 3, ..., 31.
-    ``d`` / ``dz``: (N, n_blocks) float32 scale and scale * zero point
-    (8-bit: scale * (zero point - 128)).
+Layouts (C-contiguous; :func:`pack_i8`):
+    weight values: 4-bit 16 bytes per block, value ``2i`` in the low nibble
+    of byte ``i`` (MatMulNBits' own layout); 8-bit 32 int8 bytes per block
+    holding ``q - 128``, reordered as values 0, 2, ..., 30, 1, 3, ..., 31.
+    Columns are interleaved by four: for each group of four output columns,
+    block by block, the four columns' blocks (the last N % 4 columns follow,
+    one after another).
+    ``w`` (N, n_blocks * 16 or 32) and ``d`` / ``dz`` (N, n_blocks) float32
+    scale and scale * zero point (8-bit: scale * (zero point - 128)), each in
+    that column order; or, with float16 scales, ``w = d = dz``: (N, n_blocks
+    * 20 or 36) bytes where a group's block is its four scales, four scale *
+    zero points (float16) and four weight blocks, a last column's block its
+    scale, scale * zero point and weight block.
     ``xq``: (M, n_blocks * 32) int8, each block reordered even values first,
     then odd (the order the 4-bit bytes unpack to); ``sx`` / ``xsum``:
     (M, n_blocks) float32 block scales and ``sx * sum(xq)``.

@@ -77,7 +77,9 @@ class PackedNBits:
         w: (N, K) float32 dequantized weight on the numpy path, else ``None``.
         empty: the projection is omitted (zero-sized B): Y is zeros (+ bias).
         qi / dz: the int8-activation layout (:func:`._contrib_int8.pack_i8`:
-            packed weights and scale * zero point, with ``scales``), else ``None``.
+            packed weights and scale * zero point, with ``scales``; all three
+            the same uint8/int8 array when float16 scales are embedded in the
+            weight stream), else ``None``.
     """
 
     k: int

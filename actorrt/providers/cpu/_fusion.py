@@ -200,6 +200,16 @@ if _i8.HAVE_INT8_DOT:
     # numba's disk cache keys a closure by its cell contents, which differ
     # per process.
 
+    @njit(nogil=True, cache=True)
+    def _quantize_rows(a, xq, sx, xsum, sx_t, xs_t, r0, r1):  # pragma: no cover - compiled
+        # rows r0..r1 (r0 a multiple of 8) of _i8._quantize_into
+        _i8._quantize_rows(a[r0:r1], xq[r0:r1], sx[r0:r1], xsum[r0:r1])
+        for g in range(r0 // 8, min(r1 // 8, sx_t.shape[0])):
+            for b in range(sx_t.shape[1]):
+                for r in range(8):
+                    sx_t[g, b, r] = sx[g * 8 + r, b]
+                    xs_t[g, b, r] = xsum[g * 8 + r, b]
+
     @njit(fastmath=True, nogil=True, cache=True)
     def _project(stage, ctr, xb, mats, outs, cw):  # pragma: no cover - compiled
         # up to three projections of the same quantized activation, their
@@ -239,11 +249,16 @@ if _i8.HAVE_INT8_DOT:
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
         none = (nw, nd, nd)
+        # the row-wise steps are claimed eight rows at a time
+        row_chunks = (m + 7) // 8
         # 0. quantize h
-        if _claim(ctr, 0) == 0:
-            _i8._quantize_into(x, hq, hs, hx, ht, hu)
+        while True:
+            c = _claim(ctr, 0)
+            if c >= row_chunks:
+                break
+            _quantize_rows(x, hq, hs, hx, ht, hu, c * 8, min(m, c * 8 + 8))
             _done(ctr, 0)
-        _wait(ctr, 0, 1)
+        _wait(ctr, 0, row_chunks)
         # 1. q, k, v projections (k and v empty when packed)
         _project(1, ctr, (hq, hs, hx, ht, hu), ((qw, qd, qz), (kw, kd, kz), (vw, vd, vz)),
                 (oq, ok, ov), cw)
@@ -283,39 +298,57 @@ if _i8.HAVE_INT8_DOT:
             _done(ctr, 2)
         _wait(ctr, 2, pairs)
         # 3. quantize the attention output; 4. o projection
-        if _claim(ctr, 3) == 0:
-            _i8._quantize_into(attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au)
+        a2 = attn.reshape(m, attn.shape[2])
+        while True:
+            c = _claim(ctr, 3)
+            if c >= row_chunks:
+                break
+            _quantize_rows(a2, aq, as_, ax, at, au, c * 8, min(m, c * 8 + 8))
             _done(ctr, 3)
-        _wait(ctr, 3, 1)
+        _wait(ctr, 3, row_chunks)
         _project(4, ctr, (aq, as_, ax, at, au), ((ow, od, oz), none, none), (o, o, o), cw)
         # 5. residual add + RMS norm, quantize
-        if _claim(ctr, 5) == 0:
-            _nb._skip_rms_norm(o, res, g2, g2, False, eps2, y2, inv, res2)
-            _i8._quantize_into(y2, yq, ys, yx, yt, yu)
+        while True:
+            c = _claim(ctr, 5)
+            if c >= row_chunks:
+                break
+            r0, r1 = c * 8, min(m, c * 8 + 8)
+            _nb._skip_rms_norm(o[r0:r1], res[r0:r1], g2, g2, False, eps2, y2[r0:r1],
+                               inv[r0:r1], res2[r0:r1])
+            _quantize_rows(y2, yq, ys, yx, yt, yu, r0, r1)
             _done(ctr, 5)
-        _wait(ctr, 5, 1)
+        _wait(ctr, 5, row_chunks)
         # 6. gate and up projections
         _project(6, ctr, (yq, ys, yx, yt, yu), ((gw, gd, gz), (uw, ud, uz), none),
                 (gate, up, up), cw)
         # 7. SiLU(gate) * up (as Sigmoid, Mul, Mul compute it), quantize
-        if _claim(ctr, 7) == 0:
-            one = np.float32(1.0)
-            for r in range(m):
+        one = np.float32(1.0)
+        while True:
+            c = _claim(ctr, 7)
+            if c >= row_chunks:
+                break
+            r0, r1 = c * 8, min(m, c * 8 + 8)
+            for r in range(r0, r1):
                 gr = gate[r]
                 ur = up[r]
                 for j in range(gr.shape[0]):
                     v = gr[j]
                     gr[j] = v * (one / (one + np.exp(-v))) * ur[j]
-            _i8._quantize_into(gate, fq, fs, fx, ft, fu)
+            _quantize_rows(gate, fq, fs, fx, ft, fu, r0, r1)
             _done(ctr, 7)
-        _wait(ctr, 7, 1)
+        _wait(ctr, 7, row_chunks)
         # 8. down projection; 9. residual add + RMS norm
         _project(8, ctr, (fq, fs, fx, ft, fu), ((dw, dd, dz), none, none), (down, down, down),
                 cw)
-        if _claim(ctr, 9) == 0:
-            _nb._skip_rms_norm(down, res2, g3, g3, False, eps3, y3, inv, res3)
+        while True:
+            c = _claim(ctr, 9)
+            if c >= row_chunks:
+                break
+            r0, r1 = c * 8, min(m, c * 8 + 8)
+            _nb._skip_rms_norm(down[r0:r1], res2[r0:r1], g3, g3, False, eps3, y3[r0:r1],
+                               inv[r0:r1], res3[r0:r1])
             _done(ctr, 9)
-        _wait(ctr, 9, 1)
+        _wait(ctr, 9, row_chunks)
 
 
     @njit(parallel=True, fastmath=True, nogil=True, cache=True)

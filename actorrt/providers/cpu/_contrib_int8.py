@@ -116,6 +116,12 @@ if HAVE_INT8_DOT:
             return builder.load(builder.gep(data, [off]))
         return _load_vec(builder, data, off, _V(_f32, n))
 
+    def _unpack(context, builder, sig, args, arrays, ints):
+        """Data pointers of the array arguments at ``arrays`` and the integer
+        arguments at ``ints`` (as i64) of an intrinsic call."""
+        return ([context.make_array(sig.args[i])(context, builder, args[i]).data
+                 for i in arrays], [_as_i64(builder, args[i]) for i in ints])
+
     def _as_i64(builder, v):
         return v if v.type == _i64 else builder.sext(v, _i64)
 
@@ -193,11 +199,10 @@ if HAVE_INT8_DOT:
         nibbles split) once for all rows."""
 
         def codegen(context, builder, sig, args):
-            wa, xa, sa, ua, da, za = (context.make_array(sig.args[i])(context, builder,
-                                                                     args[i]).data
-                                      for i in (0, 3, 5, 6, 8, 9))
-            w_off, wstride, x_off, s_off, d_off, z_off, dstride, nb = (
-                _as_i64(builder, args[i]) for i in (1, 2, 4, 7, 10, 11, 12, 13))
+            (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
+                                       nb) = _unpack(context, builder, sig, args,
+                                                     (0, 3, 5, 6, 8, 9),
+                                                     (1, 2, 4, 7, 10, 11, 12, 13))
             dty = sig.args[8]
             ops = _declare(builder)
             v32, v8f = _V(_i8, 32), _V(_f32, 8)
@@ -276,11 +281,10 @@ if HAVE_INT8_DOT:
         per = 16 if bits == 4 else BLOCK
 
         def codegen(context, builder, sig, args):
-            wa, xa, sa, ua, da, za = (context.make_array(sig.args[i])(context, builder,
-                                                                     args[i]).data
-                                      for i in (0, 3, 5, 6, 8, 9))
-            w_off, wstride, x_off, s_off, d_off, z_off, dstride, nb = (
-                _as_i64(builder, args[i]) for i in (1, 2, 4, 7, 10, 11, 12, 13))
+            (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
+                                       nb) = _unpack(context, builder, sig, args,
+                                                     (0, 3, 5, 6, 8, 9),
+                                                     (1, 2, 4, 7, 10, 11, 12, 13))
             dty = sig.args[8]
             ops = _declare(builder)
             v32, v8f, v4f = _V(_i8, 32), _V(_f32, 8), _V(_f32, 4)
@@ -346,11 +350,10 @@ if HAVE_INT8_DOT:
         scales / sums side by side."""
 
         def codegen(context, builder, sig, args):
-            wa, xa, ta, ua, da, za = (context.make_array(sig.args[i])(context, builder,
-                                                                     args[i]).data
-                                      for i in (0, 3, 5, 6, 7, 8))
-            w_off, wstride, x_off, t_off, n_off, z_off, dstride, nb = (
-                _as_i64(builder, args[i]) for i in (1, 2, 4, 9, 10, 11, 12, 13))
+            (wa, xa, ta, ua, da, za), (w_off, wstride, x_off, t_off, n_off, z_off, dstride,
+                                       nb) = _unpack(context, builder, sig, args,
+                                                     (0, 3, 5, 6, 7, 8),
+                                                     (1, 2, 4, 9, 10, 11, 12, 13))
             dty = sig.args[7]
             ops = _declare(builder)
             v32, v8f = _V(_i8, 32), _V(_f32, 8)

@@ -222,6 +222,18 @@ if _i8.HAVE_INT8_DOT:
                     sx_t[g, b, r] = sx[g * 8 + r, b]
                     xs_t[g, b, r] = xsum[g * 8 + r, b]
 
+    @njit(nogil=True, cache=True)
+    def _quantize_stage(stage, ctr, a, xq, sx, xsum, sx_t, xs_t, row_chunks):  # pragma: no cover
+        # a stage quantizing the rows of a, eight rows a chunk
+        m = a.shape[0]
+        while True:
+            c = _claim(ctr, stage)
+            if c >= row_chunks:
+                break
+            _quantize_rows(a, xq, sx, xsum, sx_t, xs_t, c * 8, min(m, c * 8 + 8))
+            _done(ctr, stage)
+        _wait(ctr, stage, row_chunks)
+
     @njit(fastmath=True, nogil=True, cache=True)
     def _project(stage, ctr, xb, mats, outs, cw, parts):  # pragma: no cover - compiled
         # up to three projections of the same quantized activation, their
@@ -268,13 +280,7 @@ if _i8.HAVE_INT8_DOT:
         # the row-wise steps are claimed eight rows at a time
         row_chunks = (m + 7) // 8
         # 0. quantize h
-        while True:
-            c = _claim(ctr, 0)
-            if c >= row_chunks:
-                break
-            _quantize_rows(x, hq, hs, hx, ht, hu, c * 8, min(m, c * 8 + 8))
-            _done(ctr, 0)
-        _wait(ctr, 0, row_chunks)
+        _quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks)
         # 1. q, k, v projections (k and v empty when packed)
         _project(1, ctr, (hq, hs, hx, ht, hu), ((qw, qd, qz), (kw, kd, kz), (vw, vd, vz)),
                 (oq, ok, ov), cw, parts)
@@ -314,14 +320,7 @@ if _i8.HAVE_INT8_DOT:
             _done(ctr, 2)
         _wait(ctr, 2, pairs)
         # 3. quantize the attention output; 4. o projection
-        a2 = attn.reshape(m, attn.shape[2])
-        while True:
-            c = _claim(ctr, 3)
-            if c >= row_chunks:
-                break
-            _quantize_rows(a2, aq, as_, ax, at, au, c * 8, min(m, c * 8 + 8))
-            _done(ctr, 3)
-        _wait(ctr, 3, row_chunks)
+        _quantize_stage(3, ctr, attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au, row_chunks)
         _project(4, ctr, (aq, as_, ax, at, au), ((ow, od, oz), none, none), (o, o, o), cw,
                  parts)
         # 5. residual add + RMS norm, quantize

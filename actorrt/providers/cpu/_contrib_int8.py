@@ -570,26 +570,29 @@ if HAVE_INT8_DOT:
 
 
     @njit(nogil=True, cache=True)
-    def _quantize_into(a, xq, sx, xsum, sx_t, xs_t):  # pragma: no cover - compiled
-        # _quantize_rows, then the (M // 8, nb, 8) transposed copies of the scales
-        # and sums that the eight-row kernel reads
-        _quantize_rows(a, xq, sx, xsum)
-        for g in range(sx_t.shape[0]):
+    def _quantize_into(a, xq, sx, xsum, sx_t, xs_t, r0, r1):  # pragma: no cover - compiled
+        # rows r0..r1 (r0 a multiple of 8) of _quantize_rows, then the
+        # (M // 8, nb, 8) transposed copies of their scales and sums that the
+        # eight-row kernel reads
+        _quantize_rows(a[r0:r1], xq[r0:r1], sx[r0:r1], xsum[r0:r1])
+        for g in range(r0 // 8, min(r1 // 8, sx_t.shape[0])):
             for b in range(sx_t.shape[1]):
                 for r in range(8):
                     sx_t[g, b, r] = sx[g * 8 + r, b]
                     xs_t[g, b, r] = xsum[g * 8 + r, b]
 
     @njit(nogil=True, cache=True)
-    def _quantized(a):  # pragma: no cover - compiled
-        m, kp = a.shape
+    def _act_buffers(m, kp):  # pragma: no cover - compiled
+        # (xq, sx, xsum, sx_t, xs_t) for m rows of kp (a multiple of 32) values
         nb = kp // 32
-        xq = np.empty((m, kp), np.int8)
-        sx = np.empty((m, nb), np.float32)
-        xsum = np.empty((m, nb), np.float32)
-        sx_t = np.empty((m // 8, nb, 8), np.float32)
-        xs_t = np.empty((m // 8, nb, 8), np.float32)
-        _quantize_into(a, xq, sx, xsum, sx_t, xs_t)
+        return (np.empty((m, kp), np.int8), np.empty((m, nb), np.float32),
+                np.empty((m, nb), np.float32), np.empty((m // 8, nb, 8), np.float32),
+                np.empty((m // 8, nb, 8), np.float32))
+
+    @njit(nogil=True, cache=True)
+    def _quantized(a):  # pragma: no cover - compiled
+        xq, sx, xsum, sx_t, xs_t = _act_buffers(a.shape[0], a.shape[1])
+        _quantize_into(a, xq, sx, xsum, sx_t, xs_t, 0, a.shape[0])
         return xq, sx, xsum, sx_t, xs_t
 
     # one compiled entry per call (quantize A, then the columns): each numba

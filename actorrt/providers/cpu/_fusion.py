@@ -213,16 +213,6 @@ if _i8.HAVE_INT8_DOT:
     # per process.
 
     @njit(nogil=True, cache=True)
-    def _quantize_rows(a, xq, sx, xsum, sx_t, xs_t, r0, r1):  # pragma: no cover - compiled
-        # rows r0..r1 (r0 a multiple of 8) of _i8._quantize_into
-        _i8._quantize_rows(a[r0:r1], xq[r0:r1], sx[r0:r1], xsum[r0:r1])
-        for g in range(r0 // 8, min(r1 // 8, sx_t.shape[0])):
-            for b in range(sx_t.shape[1]):
-                for r in range(8):
-                    sx_t[g, b, r] = sx[g * 8 + r, b]
-                    xs_t[g, b, r] = xsum[g * 8 + r, b]
-
-    @njit(nogil=True, cache=True)
     def _quantize_stage(stage, ctr, a, xq, sx, xsum, sx_t, xs_t, row_chunks):  # pragma: no cover
         # a stage quantizing the rows of a, eight rows a chunk
         m = a.shape[0]
@@ -230,7 +220,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, stage)
             if c >= row_chunks:
                 break
-            _quantize_rows(a, xq, sx, xsum, sx_t, xs_t, c * 8, min(m, c * 8 + 8))
+            _i8._quantize_into(a, xq, sx, xsum, sx_t, xs_t, c * 8, min(m, c * 8 + 8))
             _done(ctr, stage)
         _wait(ctr, stage, row_chunks)
 
@@ -331,7 +321,7 @@ if _i8.HAVE_INT8_DOT:
             r0, r1 = c * 8, min(m, c * 8 + 8)
             _nb._skip_rms_norm(o[r0:r1], res[r0:r1], g2, g2, False, eps2, y2[r0:r1],
                                inv[r0:r1], res2[r0:r1])
-            _quantize_rows(y2, yq, ys, yx, yt, yu, r0, r1)
+            _i8._quantize_into(y2, yq, ys, yx, yt, yu, r0, r1)
             _done(ctr, 5)
         _wait(ctr, 5, row_chunks)
         # 6. gate and up projections
@@ -350,7 +340,7 @@ if _i8.HAVE_INT8_DOT:
                 for j in range(gr.shape[0]):
                     v = gr[j]
                     gr[j] = v * (one / (one + np.exp(-v))) * ur[j]
-            _quantize_rows(gate, fq, fs, fx, ft, fu, r0, r1)
+            _i8._quantize_into(gate, fq, fs, fx, ft, fu, r0, r1)
             _done(ctr, 7)
         _wait(ctr, 7, row_chunks)
         # 8. down projection; 9. residual add + RMS norm
@@ -381,14 +371,6 @@ if _i8.HAVE_INT8_DOT:
                     gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax,
                     at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate,
                     up, down, y3, res3, inv, ctr, cw, nw, nd, parts)
-
-
-    @njit(nogil=True, cache=True)
-    def _act_buffers(m, k):  # pragma: no cover - compiled
-        nb = k // 32
-        return (np.empty((m, k), np.int8), np.empty((m, nb), np.float32),
-                np.empty((m, nb), np.float32), np.empty((m // 8, nb, 8), np.float32),
-                np.empty((m // 8, nb, 8), np.float32))
 
 
     @njit(nogil=True, cache=True)
@@ -425,10 +407,10 @@ if _i8.HAVE_INT8_DOT:
         res3 = np.empty((m, hidden), f32)
         inv = np.empty(m, f32)
         ctr = np.zeros(20, np.int64)
-        hq, hs, hx, ht, hu = _act_buffers(m, hidden)
-        aq, as_, ax, at, au = _act_buffers(m, heads * d)
-        yq, ys, yx, yt, yu = _act_buffers(m, hidden)
-        fq, fs, fx, ft, fu = _act_buffers(m, nf)
+        hq, hs, hx, ht, hu = _i8._act_buffers(m, hidden)
+        aq, as_, ax, at, au = _i8._act_buffers(m, heads * d)
+        yq, ys, yx, yt, yu = _i8._act_buffers(m, hidden)
+        fq, fs, fx, ft, fu = _i8._act_buffers(m, nf)
         _region(h.reshape(m, hidden), res.reshape(m, hidden), qw, qd, qz, kw, kd, kz, vw, vd,
                vz, oq, ok, ov, packed, past_k, past_v, pk, pv, cos, sin, pos, past, tot,
                t_max, heads, kv_heads, copy_past, rotary, interleaved, alpha, window, ow, od,

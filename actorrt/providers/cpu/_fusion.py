@@ -48,6 +48,7 @@ after another, so results and error messages are theirs.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -58,10 +59,12 @@ from .._contract import Kernel, NodeSpec
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 
-__all__ = ["DecoderBlock", "fuse_decoder_blocks", "FUSED_OP", "FUSED_DOMAIN"]
+__all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
+           "FUSED_OP", "STACK_OP", "FUSED_DOMAIN"]
 
 #: op type and domain of a fused step (plan-internal: never read from a model)
 FUSED_OP = "DecoderBlock"
+STACK_OP = "DecoderStack"
 FUSED_DOMAIN = "ai.actorrt"
 #: a projection splits over the threads from this many multiply-adds (M x N x K)
 PARALLEL_MIN_WORK = 1 << 16
@@ -73,6 +76,8 @@ REGION_MIN_WORK = 1 << 12
 #: (a multiple of 4, the int8 layout's column group)
 CHUNKS_PER_THREAD = 2
 CHUNK_COLUMNS = 64
+#: run consecutive int8 blocks as one stack (:class:`DecoderStack`)
+STACK_BLOCKS = True
 
 MS = "com.microsoft"
 
@@ -156,7 +161,7 @@ if _i8.HAVE_INT8_DOT:
     import platform
 
     from llvmlite import ir as _ir
-    from numba import prange, types
+    from numba import carray, prange, types
     from numba.core import cgutils
     from numba.extending import intrinsic
 
@@ -420,6 +425,111 @@ if _i8.HAVE_INT8_DOT:
         return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden)
 
 
+    # A stack of int8 decoder blocks (consecutive layers, each reading the
+    # previous one's outputs) as one parallel region: every thread runs the
+    # stage program of layer 0, then layer 1, ..., each layer with counters of
+    # its own, so no thread waits at a layer boundary for the team to finish
+    # and the stack costs one dispatch instead of one per layer. A parallel
+    # region takes arrays and scalars only: each layer's weights are read
+    # through a table of their addresses (the arrays are the kernels'
+    # prepacked ones, kept alive by the plan), typed and shaped like layer 0's.
+
+    @intrinsic
+    def _pointer_like(typingctx, addr, like):
+        """A pointer to ``like``'s dtype at address ``addr`` (int64)."""
+        sig = types.CPointer(like.dtype)(types.int64, like)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+        return sig, codegen
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _at(addr, like):  # pragma: no cover - compiled
+        # the array at ``addr`` with ``like``'s dtype and shape (borrowed)
+        return carray(_pointer_like(addr, like), like.shape)
+
+    @njit(parallel=True, fastmath=True, nogil=True, cache=True)
+    def _stack_region(x, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
+                      uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, oq, ok, ov,
+                      packed, cos, sin, pos, past, tot, t_max, heads, kv_heads, rotary,
+                      interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
+                      ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
+                      inv, ctrs, cw, nw, nd, threads, parts):  # pragma: no cover - compiled
+        for _ in prange(threads):
+            for l in range(wt.shape[0]):
+                a = wt[l]
+                pk = _at(kvt[l, 0], kv0)
+                pv = _at(kvt[l, 1], kv0)
+                # each layer reads x/res and writes its outputs over them: x is
+                # read only by stage 0 and res by stage 5, both long finished
+                # when stage 9 writes
+                _program(x, res, _at(a[0], qw), _at(a[1], qd), _at(a[2], qz), _at(a[3], kw),
+                         _at(a[4], kd), _at(a[5], kz), _at(a[6], vw), _at(a[7], vd),
+                         _at(a[8], vz), oq, ok, ov, packed, pk, pv, pk, pv, cos, sin, pos,
+                         past, tot, t_max, heads, kv_heads, False, rotary, interleaved, alpha,
+                         window, _at(a[9], ow), _at(a[10], od), _at(a[11], oz), g2s[l],
+                         eps2s[l], _at(a[12], gw), _at(a[13], gd), _at(a[14], gz),
+                         _at(a[15], uw), _at(a[16], ud), _at(a[17], uz), _at(a[18], dw),
+                         _at(a[19], dd), _at(a[20], dz), g3s[l], eps3s[l], hq, hs, hx, ht, hu,
+                         aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o,
+                         y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts)
+
+    @njit(nogil=True, cache=True)
+    def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
+                      uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, past_keys, past_values,
+                      seqlens, total, cos, sin, pos_ids, packed, heads, kv_heads, rotary,
+                      interleaved, alpha, window, threads, cw, parts):  # pragma: no cover
+        # past_keys / past_values: one (B, KVH, L, D) buffer per layer, written
+        # in place (the caller checked they are float32, C-contiguous,
+        # writeable and of one shape). Status 5: a layer's key and value
+        # buffers overlap (each layer then runs on its own and names it)
+        bsz, s_len, hidden = h.shape
+        m = bsz * s_len
+        kv0 = past_keys[0]
+        n_layers = wt.shape[0]
+        kvt = np.empty((n_layers, 2), np.int64)
+        nbytes = kv0.size * 4
+        for l in range(n_layers):
+            k = past_keys[l].ctypes.data
+            v = past_values[l].ctypes.data
+            if k < v + nbytes and v < k + nbytes:
+                return 5, h, res
+            kvt[l, 0] = k
+            kvt[l, 1] = v
+        status, past, tot, pos, t_max = _nb._gqa_lengths(
+            seqlens, total, bsz, s_len, kv0.shape[2], False, kv0.shape[2], pos_ids, False,
+            rotary, cos.shape[0])
+        if status != 0:  # nothing was written
+            return status, h, res
+        f32 = np.float32
+        nq = qw.shape[0]
+        d = nq // (heads + 2 * kv_heads) if packed else nq // heads
+        nf = gw.shape[0]
+        x = h.reshape(m, hidden).copy()
+        r = res.reshape(m, hidden).copy()
+        oq = np.empty((m, nq), f32)
+        ok = np.empty((m, kw.shape[0]), f32)
+        ov = np.empty((m, vw.shape[0]), f32)
+        attn = np.empty((bsz, s_len, heads * d), f32)
+        o = np.empty((m, hidden), f32)
+        y2 = np.empty((m, hidden), f32)
+        res2 = np.empty((m, hidden), f32)
+        gate = np.empty((m, nf), f32)
+        up = np.empty((m, nf), f32)
+        down = np.empty((m, hidden), f32)
+        inv = np.empty(m, f32)
+        ctrs = np.zeros((n_layers, 20), np.int64)
+        hq, hs, hx, ht, hu = _i8._act_buffers(m, hidden)
+        aq, as_, ax, at, au = _i8._act_buffers(m, heads * d)
+        yq, ys, yx, yt, yu = _i8._act_buffers(m, hidden)
+        fq, fs, fx, ft, fu = _i8._act_buffers(m, nf)
+        _stack_region(x, r, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw,
+                      ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, oq, ok, ov,
+                      packed, cos, sin, pos, past, tot, t_max, heads, kv_heads,
+                      rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
+                      au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
+                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts)
+        return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden)
 
 
 # ------------------------------------------------------------------- matching
@@ -634,31 +744,50 @@ class DecoderBlock(Kernel):
     def run(self, *inputs: Any) -> tuple:
         return self._fallback(*inputs)
 
-    def compile(self) -> Callable:
+    def statics(self) -> dict[str, Any] | None:
+        """What the compiled path needs besides the inputs: the 21 weight
+        arrays (w, scales, zero-point term of q, k, v, o, gate, up, down; k
+        and v empty when q is packed QKV), gammas, epsilons and the attention
+        attributes; None when the shapes do not fit it."""
         mt = self.match
-        block = _BLOCKS[mt["variant"]]
-        prep, gqa = mt["prep"], mt["gqa"]
-        packed, weights = mt["packed"], mt["weights"]
-        qkv = weights[:1] * 3 if packed else weights[:3]
-        (qw, qd, qz), (kw, kd, kz), (vw, vd, vz) = qkv
-        (ow, od, oz), (gw, gd, gz), (uw, ud, uz), (dw, dd, dz) = weights[-4:]
-        hidden = mt["hidden"]
-        width = qw.shape[0]
-        heads, kv_heads, rotary = gqa.h, gqa.kvh, gqa.do_rotary
-        window, interleaved = gqa.window, gqa.interleaved
+        gqa, packed, weights = mt["gqa"], mt["packed"], mt["weights"]
+        qkv = list(weights[:3])
+        if packed:
+            w, d, z = weights[0]
+            empty = (w[:0], d[:0], d[:0])
+            qkv = [weights[0], empty, empty]
+        mats = tuple(a for triple in (*qkv, *weights[-4:]) for a in triple)
+        hidden, width = mt["hidden"], mats[0].shape[0]
+        heads, kv_heads = gqa.h, gqa.kvh
         g2, g3 = mt["gamma2"], mt["gamma3"]
-        eps2, eps3 = np.float32(mt["eps2"]), np.float32(mt["eps3"])
+        if (g2.shape != (hidden,) or g3.shape != (hidden,) or mats[18].shape[0] != hidden
+                or mats[9].shape[0] != hidden):
+            return None
+        return dict(mats=mats, packed=packed, hidden=hidden, width=width, heads=heads,
+                    kv_heads=kv_heads, rotary=gqa.do_rotary, window=gqa.window,
+                    interleaved=gqa.interleaved, g2=g2, g3=g3, eps2=np.float32(mt["eps2"]),
+                    eps3=np.float32(mt["eps3"]), prep=mt["prep"], blocks=mt["blocks"],
+                    variant=mt["variant"])
+
+    def compile(self) -> Callable:
+        st = self.statics()
+        if st is None:
+            return self.run
+        block = _BLOCKS[st["variant"]]
+        (qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw, ud, uz, dw, dd,
+         dz) = st["mats"]
+        prep, packed, hidden, width = st["prep"], st["packed"], st["hidden"], st["width"]
+        heads, kv_heads, rotary = st["heads"], st["kv_heads"], st["rotary"]
+        window, interleaved = st["window"], st["interleaved"]
+        g2, g3, eps2, eps3 = st["g2"], st["g3"], st["eps2"], st["eps3"]
         f32 = np.dtype(np.float32)
         fallback, parallel, num_threads = self._fallback, _nb._parallel, _nb.num_threads
         variant = tracing.kernel_variant
         one, no_pos = _nb._ONE, _nb._NO_POS
-        name = mt["variant"]
+        name = st["variant"]
         region = name != "f32"
-        blocks = mt["blocks"]
+        blocks = st["blocks"]
         d = width // (heads + 2 * kv_heads) if packed else width // heads
-        if g2.shape != (hidden,) or g3.shape != (hidden,) or dw.shape[0] != hidden \
-                or ow.shape[0] != hidden:
-            return self.run
 
         def decoder_block(h, residual, past_key, past_value, seqlens_k, total_sequence_length,
                           cos_cache=None, sin_cache=None):
@@ -700,6 +829,200 @@ class DecoderBlock(Kernel):
             return y, r, present_k, present_v
 
         return decoder_block
+
+
+class DecoderStack(Kernel):
+    """Consecutive int8 decoder blocks (:class:`DecoderBlock`, each reading
+    the previous one's ``h3, r3``) as one step: inputs ``(h (B, S, hidden),
+    residual, seqlens_k (B,) int32, total_sequence_length (1,) int32,
+    cos_cache, sin_cache, past_key_0, past_value_0, past_key_1, ...)``, float32
+    (B, KVH, L, D) KV buffers; outputs ``(h, residual, present_key_0,
+    present_value_0, ...)``, each layer's exactly as its block defines them.
+
+    The compiled path runs every layer in one parallel region (see
+    ``_stack_region``) and needs every KV buffer donated with room for the new
+    positions (appended in place, as the engine runs decode); otherwise the
+    blocks run one after another, so results and errors are theirs."""
+
+    multi_output = True
+
+    def __init__(self, node: NodeSpec, blocks: Sequence[Any]):
+        super().__init__(node)
+        self.blocks = list(blocks)
+        n = len(self.blocks)
+        self.inplace = {2 + 2 * i: 6 + 2 * i for i in range(n)}
+        self.inplace.update({3 + 2 * i: 7 + 2 * i for i in range(n)})
+
+    @staticmethod
+    def _chain(fns: Sequence[Callable], h: Any, residual: Any, seqlens_k: Any, total: Any,
+               cos_cache: Any, sin_cache: Any, kv: Sequence[Any]) -> tuple:
+        presents: list = []
+        for i, fn in enumerate(fns):
+            h, residual, pk, pv = fn(h, residual, kv[2 * i], kv[2 * i + 1], seqlens_k, total,
+                                     cos_cache, sin_cache)
+            presents += (pk, pv)
+        return (h, residual, *presents)
+
+    def run(self, h, residual, seqlens_k, total, cos_cache=None, sin_cache=None, *kv):
+        return self._chain([b.kernel.run for b in self.blocks], h, residual, seqlens_k, total,
+                           cos_cache, sin_cache, kv)
+
+    def compile(self) -> Callable:
+        fns = [b.fn for b in self.blocks]
+        chain = self._chain
+        statics = [b.kernel.statics() for b in self.blocks]
+        if any(st is None for st in statics) or not _same_layers(statics):
+            return lambda *a: chain(fns, *a[:6], a[6:])
+        s0 = statics[0]
+        # the layers' weights by address (kept alive by the blocks' kernels
+        # and by ``keep``), typed and shaped like layer 0's
+        keep = [st["mats"] for st in statics]
+        table = np.array([[a.ctypes.data for a in mats] for mats in keep], np.int64)
+        templates = s0["mats"]
+        g2s = np.ascontiguousarray(np.stack([st["g2"] for st in statics]), np.float32)
+        g3s = np.ascontiguousarray(np.stack([st["g3"] for st in statics]), np.float32)
+        eps2s = np.array([st["eps2"] for st in statics], np.float32)
+        eps3s = np.array([st["eps3"] for st in statics], np.float32)
+        prep, packed, hidden, width = s0["prep"], s0["packed"], s0["hidden"], s0["width"]
+        heads, kv_heads, rotary = s0["heads"], s0["kv_heads"], s0["rotary"]
+        window, interleaved, blocks = s0["window"], s0["interleaved"], s0["blocks"]
+        f32 = np.dtype(np.float32)
+        parallel, num_threads = _nb._parallel, _nb.num_threads
+        variant = tracing.kernel_variant
+        one, no_pos = _nb._ONE, _nb._NO_POS
+        n_layers = len(fns)
+        region = _region_stack
+
+        def decoder_stack(h, residual, seqlens_k, total_sequence_length, cos_cache=None,
+                          sin_cache=None, *kv):
+            if (len(kv) != 2 * n_layers or h.dtype != f32 or residual.dtype != f32
+                    or h.ndim != 3 or h.shape[2] != hidden or residual.shape != h.shape
+                    or not h.flags.c_contiguous or not residual.flags.c_contiguous):
+                return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
+                             sin_cache, kv)
+            bsz, s = h.shape[0], h.shape[1]
+            ready = prep(bsz, s, width, packed, kv[0], kv[1], seqlens_k, total_sequence_length,
+                         cos_cache, sin_cache)
+            if ready is None or ready[2] or ready[0] is not kv[0]:
+                return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
+                             sin_cache, kv)
+            shape = kv[0].shape
+            for a in kv:  # every layer's buffers like layer 0's: written in place
+                fl = a.flags
+                if (a.dtype != f32 or a.shape != shape or not fl.c_contiguous
+                        or not fl.writeable):
+                    return chain(fns, h, residual, seqlens_k, total_sequence_length,
+                                 cos_cache, sin_cache, kv)
+            seqlens, total, alpha = ready[3], ready[4], ready[5]
+            team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
+            status, y, r = parallel(
+                region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, kv[0::2],
+                kv[1::2], seqlens, total, cos_cache if rotary else one,
+                sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
+                interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
+                CHUNKS_PER_THREAD * team)
+            if status:  # nothing was written: the blocks (and their nodes) name it
+                return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
+                             sin_cache, kv)
+            variant("fusion", "decoder-stack", "%d int8 blocks in one parallel region",
+                    n_layers)
+            return (y, r, *kv)
+
+        decoder_stack.keep = keep  # the weights the table points at
+        return decoder_stack
+
+
+def _same_layers(statics: Sequence[dict]) -> bool:
+    """Whether every layer is int8 and typed and shaped like the first (the
+    stack reads layer i's weights through layer 0's types and shapes)."""
+    s0 = statics[0]
+    if s0["variant"] != "i8" or "i8" not in _BLOCKS:
+        return False
+    for st in statics:
+        if any(st[k] != s0[k] for k in ("packed", "hidden", "width", "heads", "kv_heads",
+                                        "rotary", "window", "interleaved", "blocks",
+                                        "variant")):
+            return False
+        for a, b in zip(st["mats"], s0["mats"]):
+            if a.dtype != b.dtype or a.shape != b.shape or not a.flags.c_contiguous:
+                return False
+    return True
+
+
+def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..., Any]
+                        ) -> tuple[list, list[tuple[str, tuple]]]:
+    """Replace every run of consecutive int8 :class:`DecoderBlock` steps
+    (each reading the previous one's ``h3, r3`` and nothing else reading
+    those, the same lengths and rotary caches) by one :class:`DecoderStack`.
+
+    Returns ``(steps, fusions)`` as :func:`fuse_decoder_blocks` does, one
+    ``(stack name, block names)`` per stack."""
+    g = _Graph(steps, protected)
+    runs: list[list] = []
+    for st in steps:
+        if not isinstance(st.kernel, DecoderBlock) or st.kernel.match["variant"] != "i8":
+            continue
+        prev = runs[-1][-1] if runs else None
+        if (prev is not None and tuple(st.inputs[:2]) == tuple(prev.outputs[:2])
+                and tuple(st.inputs[4:8]) == tuple(prev.inputs[4:8])
+                and all(g.only_reader(o) is st for o in prev.outputs[:2])):
+            runs[-1].append(st)
+        else:
+            runs.append([st])
+    taken: dict[int, list] = {}
+    for run in runs:
+        if len(run) < 2:
+            continue
+        end = run[-1].index
+        outs = [o for b in run for o in b.outputs[2:4]] + list(run[-1].outputs[:2])
+        if any(r.index < end and r not in run for o in outs if o >= 0
+               for r in g.consumers.get(o, [])):
+            continue  # a reader of an output would run before the stack
+        for b in run:
+            taken[id(b)] = run
+    if not taken:
+        return steps, []
+    out: list = []
+    fusions: list[tuple[str, tuple]] = []
+    for st in steps:
+        run = taken.get(id(st))
+        if run is None:
+            out.append(st)
+        elif run[-1] is st:
+            out.append(_stack_step(run, make_step))
+            fusions.append((out[-1].node.name, tuple(b.node.name for b in run)))
+    return out, fusions
+
+
+def _stack_step(run: list, make_step: Callable[..., Any]) -> Any:
+    first, last = run[0], run[-1]
+    kv_in = [i for b in run for i in b.inputs[2:4]]
+    kv_out = [o for b in run for o in b.outputs[2:4]]
+    in_slots = (*first.inputs[:2], *first.inputs[4:8], *kv_in)
+    out_slots = (*last.outputs[:2], *kv_out)
+    names: dict[int, str] = {}
+    types: dict[int, Any] = {}
+    for b in run:
+        names.update(zip(b.inputs, b.node.inputs))
+        names.update(zip(b.outputs, b.node.outputs))
+        types.update(zip(b.inputs, b.node.input_types))
+        types.update(zip(b.outputs, b.node.output_types))
+    base = [b.node.name.rsplit("/", 1)[0] for b in (first, last)]
+    common = len(os.path.commonprefix(base))
+    while common and base[1][common - 1].isdigit():  # "layers.0".."layers.29": "layers."
+        common -= 1
+    node = NodeSpec(name=f"{base[0]}..{base[1][common:]}/{STACK_OP}", op_type=STACK_OP,
+                    domain=FUSED_DOMAIN, opset=1,
+                    attrs={"fused_nodes": [b.node.name for b in run], "variant": "i8"},
+                    inputs=tuple(names.get(s, "") if s >= 0 else "" for s in in_slots),
+                    outputs=tuple(names.get(s, "") if s >= 0 else "" for s in out_slots),
+                    input_types=tuple(types.get(s) for s in in_slots),
+                    output_types=tuple(types.get(s) for s in out_slots),
+                    model=first.node.model)
+    cost = run[0].cost
+    for b in run[1:]:
+        cost = cost + b.cost
+    return make_step(node, first.provider, DecoderStack(node, run), in_slots, out_slots, cost)
 
 
 def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any],

@@ -36,12 +36,17 @@ class CPUExecutionProvider(ExecutionProvider):
                          memory_limit=memory_limit, profile=CPU_PROFILE)
 
     def fuse_steps(self, steps, protected, consts, make_step):
-        """Fuse LLM decoder blocks (:mod:`._fusion`) among this provider's steps."""
-        from ._fusion import fuse_decoder_blocks
+        """Fuse LLM decoder blocks (:mod:`._fusion`) among this provider's
+        steps, then runs of consecutive int8 blocks into stacks."""
+        from . import _fusion
         mine = [st for st in steps if st.provider is self]
         if len(mine) < 8:
             return steps, []
-        return fuse_decoder_blocks(steps, protected, consts, make_step, self)
+        steps, fusions = _fusion.fuse_decoder_blocks(steps, protected, consts, make_step, self)
+        if _fusion.STACK_BLOCKS:
+            steps, stacks = _fusion.fuse_decoder_stacks(steps, protected, make_step)
+            fusions = fusions + stacks
+        return steps, fusions
 
     def alloc_array(self, shape, dtype, zero):
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)

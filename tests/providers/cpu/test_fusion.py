@@ -102,9 +102,44 @@ async def test_fused_blocks_match_the_nodes(tiny, kind, level, batch_lengths):
                                      batch_lengths=batch_lengths)
     plain, none = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), steps=steps,
                                   batch_lengths=batch_lengths)
-    assert len(fusions) == cfg.num_layers and not none
-    assert all(len(names) == 11 for _, names in fusions)  # packed QKV: 11 nodes a layer
+    blocks = [f for f in fusions if f[0].endswith("/DecoderBlock")]
+    stacks = [f for f in fusions if f[0].endswith("/DecoderStack")]
+    assert len(blocks) == cfg.num_layers and not none
+    assert all(len(names) == 11 for _, names in blocks)  # packed QKV: 11 nodes a layer
+    # int8 blocks then run as one stack
+    assert stacks == ([("model.layers.0..1/DecoderStack", tuple(n for n, _ in blocks))]
+                      if level == 4 else [])
     assert_steps_close(fused, plain, 1e-5)
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", list(WEIGHTS))
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_stack_equals_the_blocks(tiny, kind, threads, monkeypatch):
+    # the stacked layers run the blocks' stage program: the same bits as the
+    # blocks run one call each; prefill and decode, batch rows of different
+    # lengths, one and two threads
+    path, cfg = model_path(tiny, kind, 4)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    calls = []
+    region = _fusion._region_stack
+    monkeypatch.setattr(_fusion, "_region_stack", lambda *a: (calls.append(1), region(*a))[1])
+    old = nbk.num_threads()
+    nbk.set_num_threads(threads)
+    try:
+        stacked, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                           batch_lengths=(0, 2))
+        monkeypatch.setattr(_fusion, "STACK_BLOCKS", False)
+        blocks, fusions2 = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                           batch_lengths=(0, 2))
+    finally:
+        nbk.set_num_threads(old)
+    assert fusions[-1][0].endswith("/DecoderStack") and len(calls) == 3  # every step
+    assert not any(f[0].endswith("/DecoderStack") for f in fusions2)
+    for a, b in zip(stacked, blocks):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
@@ -222,3 +257,44 @@ async def test_fusion_is_traced(tiny, tmp_path):
     events = events["traceEvents"] if isinstance(events, dict) else events
     spans = [e for e in events if e.get("name", "").endswith("/DecoderBlock")]
     assert spans and "decoder-block" in json.dumps(spans[0])
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+async def test_stack_without_room_in_place_runs_the_blocks(tiny, monkeypatch):
+    # KV buffers not donated (read-only) or a layer whose key and value
+    # buffers overlap: the blocks run one after another, same values
+    path, cfg = model_path(tiny, "q4_1", 4)
+    calls = []
+    region = _fusion._region_stack
+    monkeypatch.setattr(_fusion, "_region_stack", lambda *a: (calls.append(1), region(*a))[1])
+    async with open_session(path) as sess:
+        step = next(s for s in sess.plan.steps if s.node.op_type == _fusion.STACK_OP)
+        rng = np.random.default_rng(2)
+        h = rng.standard_normal((1, 2, 64)).astype(np.float32)
+        res = rng.standard_normal((1, 2, 64)).astype(np.float32)
+        consts = step.kernel.blocks[0].kernel.match["consts"]
+        cos, sin = (consts[s] for s in step.kernel.blocks[0].inputs[6:8])
+        shape = (1, cfg.num_kv_heads, 8, cfg.head_dim)
+        kv = [np.zeros(shape, np.float32) for _ in range(4)]
+        for k in kv:  # four cached positions; two new ones are appended
+            k[:, :, :4] = rng.standard_normal(k[:, :, :4].shape)
+        lengths = (np.array([4], np.int32), np.array([5], np.int32), cos, sin)
+        want = step.kernel.run(h, res, *lengths, *[k.copy() for k in kv])
+        read_only = [k.copy() for k in kv]
+        for k in read_only:
+            k.flags.writeable = False
+        got = step.fn(h, res, *lengths, *read_only)
+        assert not calls
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+        shared = [k.copy() for k in kv]
+        shared[3] = shared[2]  # layer 1: key and value in one buffer
+        got = step.fn(h, res, *lengths, *shared)
+        assert len(calls) == 1  # the stack declined (status 5) before writing
+        want = step.kernel.run(h, res, *lengths, *[k.copy() for k in shared])
+        for x, y in zip(got, want):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+        got = step.fn(h, res, *lengths, *[k.copy() for k in kv])  # in place: the stack
+        assert len(calls) == 2
+        for x, y in zip(got, step.kernel.run(h, res, *lengths, *[k.copy() for k in kv])):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)

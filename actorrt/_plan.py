@@ -261,6 +261,7 @@ class Plan:
         self.donatable: frozenset[int] = frozenset()
         self.tracer = None
         self._input_index = {}
+        self._fast_checks: dict | None = None
         #: (fused node name, names of the nodes it replaced), one per fusion
         self.fusions: list[tuple[str, tuple[str, ...]]] = []
 
@@ -336,7 +337,28 @@ class Plan:
                                        expected="dict", got=type(feeds).__name__,
                                        model=self.model_name)
         index = self._input_index
+        fast = self._fast_checks
+        if fast is None:
+            fast = self._fast_checks = _fast_checks(self.inputs)
+        donatable = self.donatable
+        ndarray = np.ndarray
         for name, value in feeds.items():
+            check = fast.get(name)
+            if check is not None and type(value) is ndarray:
+                # the common case, checked without building messages: a numpy
+                # array of the input's dtype, rank and static dims
+                slot, want, rank, static = check
+                if value.dtype == want and value.ndim == rank:
+                    shape = value.shape
+                    for axis, d in static:
+                        if shape[axis] != d:
+                            break
+                    else:
+                        if slot in donatable and name not in donate:
+                            value = value.view()  # kernels writing in place see it read-only
+                            value.flags.writeable = False
+                        env[slot] = value
+                        continue
             spec = index.get(name)
             if spec is None:
                 raise InvalidArgumentError(
@@ -360,6 +382,23 @@ class Plan:
                             f"missing input {spec.name!r}", input=spec.name,
                             expected=f"a {type_string(spec.type)} of shape {spec.shape}",
                             got="nothing", model=self.model_name)
+
+
+def _fast_checks(inputs: Sequence[IOSpec]) -> dict[str, tuple]:
+    """name -> (slot, numpy dtype, rank, ((axis, static dim), ...)) of the
+    tensor inputs with a known dtype and rank (:meth:`Plan.bind_feeds`'s
+    fast path; anything else takes :func:`_check_value`)."""
+    out = {}
+    for spec in inputs:
+        vt = spec.type
+        if vt.kind != "tensor" or vt.dtype is None or vt.shape is None:
+            continue
+        want = _dtypes.to_numpy_dtype(vt.dtype)
+        if want == np.dtype(object):
+            continue
+        static = tuple((a, d) for a, d in enumerate(vt.shape) if isinstance(d, int))
+        out[spec.name] = (spec.slot, want, len(vt.shape), static)
+    return out
 
 
 def _check_value(spec: IOSpec, value: Any, model: str) -> Any:

@@ -143,13 +143,7 @@ if _nb.HAVE_NUMBA:
         _nb._skip_rms_norm(o, res.reshape(m, hidden), g2, g2, False, eps2, y2, inv, res2)
         gate = _mm_f32(y2, gw, gd, gz, chunks)
         up = _mm_f32(y2, uw, ud, uz, chunks)
-        one = np.float32(1.0)
-        for r in range(m):  # SiLU(gate) * up, as Sigmoid, Mul, Mul compute it
-            gr = gate[r]
-            ur = up[r]
-            for j in range(gr.shape[0]):
-                g = gr[j]
-                gr[j] = g * (one / (one + np.exp(-g))) * ur[j]
+        _nb._silu_mul(gate, up, 0, m)  # SiLU(gate) * up, as Sigmoid, Mul, Mul compute it
         down = _mm_f32(gate, dw, dd, dz, chunks)
         res3 = np.empty((m, hidden), np.float32)
         y3 = np.empty((m, hidden), np.float32)
@@ -333,18 +327,12 @@ if _i8.HAVE_INT8_DOT:
         _project(6, ctr, (yq, ys, yx, yt, yu), ((gw, gd, gz), (uw, ud, uz), none),
                  (gate, up, up), cw, parts)
         # 7. SiLU(gate) * up (as Sigmoid, Mul, Mul compute it), quantize
-        one = np.float32(1.0)
         while True:
             c = _claim(ctr, 7)
             if c >= row_chunks:
                 break
             r0, r1 = c * 8, min(m, c * 8 + 8)
-            for r in range(r0, r1):
-                gr = gate[r]
-                ur = up[r]
-                for j in range(gr.shape[0]):
-                    v = gr[j]
-                    gr[j] = v * (one / (one + np.exp(-v))) * ur[j]
+            _nb._silu_mul(gate, up, r0, r1)
             _i8._quantize_into(gate, fq, fs, fx, ft, fu, r0, r1)
             _done(ctr, 7)
         _wait(ctr, 7, row_chunks)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -15,7 +15,7 @@ from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, Mo
 from ._model import ModelLike, load_model
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers
-from .providers.base import ExecutionProvider, ProviderStatistics, RunSegment
+from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunSegment
 
 __all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
 
@@ -189,6 +189,51 @@ class Session:
                     b.store_output(value)
                     env[spec.slot] = b.value()
         return plan.collect_outputs(env, indices)
+
+    async def run_many(self, next_feeds: Callable[[list | None], dict | None], *,
+                       donate: Sequence[str] = ()) -> int:
+        """Run the model again and again, each run's feeds made from the
+        previous run's outputs: an LLM decode loop without a round trip
+        through the event loop per token.
+
+        ``next_feeds(outputs)`` gets the previous run's outputs (all of them,
+        in graph order; ``None`` before the first run) and returns the next
+        run's feeds, or ``None`` to stop. When every segment of the plan runs
+        on one provider (and no device binding is set), the runs happen back
+        to back in one of that provider's worker threads and ``next_feeds``
+        is called there, between runs: it must not touch the event loop
+        (hand results over with ``trio.lowlevel.TrioToken.run_sync_soon``) and
+        should return ``None`` soon when the caller wants to stop (the loop
+        cannot be interrupted mid-run). Otherwise each run is a :meth:`run`
+        and ``next_feeds`` is called on the event loop. Each run hands the
+        work to a thread and back; measured here (2 cores) that costs about a
+        millisecond, a tenth of a SmolLM2 decode step.
+
+        Args:
+            next_feeds: see above.
+            donate: as for :meth:`run`.
+
+        Returns:
+            The number of runs.
+
+        Raises:
+            Those of :meth:`run`, and whatever ``next_feeds`` raises.
+        """
+        if self._closed:
+            raise SessionClosedError("the session is closed", model=self.model_name)
+        plan = self._plan
+        providers = {seg.provider for seg in plan.segments}
+        if len(providers) == 1 and not self._bindings and not plan.mixed:
+            provider = providers.pop()
+            return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate)))
+        outputs = None
+        runs = 0
+        while True:
+            feeds = next_feeds(outputs)
+            if feeds is None:
+                return runs
+            outputs = await self.run(None, feeds, donate=donate)
+            runs += 1
 
     # ------------------------------------------------------- tensors, bindings
     async def run_with_tensors(self, output_names: Sequence[str] | None,

@@ -145,3 +145,31 @@ async def test_provider_memory_returns_to_zero_after_close():
         assert cpu.statistics().memory.live_by_role["weights"] == 24
         await s.run(None, {"x": np.ones((1, 3), np.float32)})
     assert cpu.statistics().memory.live_bytes == 0
+
+
+async def test_run_many_feeds_each_run_from_the_last_in_a_worker_thread():
+    # y = relu(x * [2, -1, .5]) + (x - 1), fed back as the next x: each
+    # run's outputs are the previous ones through numpy's formula
+    rng = np.random.default_rng(4)
+    x0 = rng.standard_normal((2, 3)).astype(np.float32)
+    seen, threads = [], set()
+
+    def next_feeds(outs):
+        threads.add(threading.current_thread())
+        if outs is None:
+            return {"x": x0}
+        seen.append(outs[0])
+        return {"x": outs[0]} if len(seen) < 5 else None
+
+    async with actorrt.open_session(two_branch()) as s:
+        assert await s.run_many(next_feeds) == 5
+        assert threading.current_thread() not in threads  # off the event loop
+        want = x0
+        for got in seen:
+            want = _expected_two_branch(want)
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        # a bad feed raises the typed error of run(), from the worker thread
+        with pytest.raises(actorrt.InvalidArgumentError, match="wrong element type"):
+            await s.run_many(lambda outs: {"x": x0.astype(np.float64)} if outs is None else None)
+        (y,) = await s.run(None, {"x": x0})  # the session still serves
+        np.testing.assert_allclose(y, _expected_two_branch(x0), rtol=1e-6)

@@ -44,6 +44,10 @@ __all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics"]
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
+#: default :attr:`Engine.decode_run_steps`: a run of 16 steps (~0.15 s of
+#: SmolLM2 decode here) bounds how long closing the engine waits for it
+DECODE_RUN_STEPS = 16
+
 
 @attrs.frozen
 class GenerationResult:
@@ -177,6 +181,10 @@ class Engine:
         self.max_batch = max(1, int(max_batch))
         self.kv_budget = kv_budget_bytes
         self.prefill_chunk = max(1, int(prefill_chunk))
+        #: most decode steps run back to back in the worker thread while the
+        #: batch does not change (:meth:`_decode_run`); 1 runs every step
+        #: through the event loop
+        self.decode_run_steps = DECODE_RUN_STEPS
         names = [i.name for i in session.get_inputs()]
         self._layers = sorted({int(n.split(".")[1]) for n in names
                                if n.startswith("past_key_values.")})
@@ -209,6 +217,8 @@ class Engine:
         self._t_start: float | None = None
         self._closed = False
         self._wake = trio.Event()
+        #: set from the event loop to end a decode run (:meth:`_decode_run`)
+        self._interrupt = False
 
     # ----------------------------------------------------------------- API
     def encode_prompt(self, prompt: Prompt) -> list[int]:
@@ -284,6 +294,7 @@ class Engine:
         req = _Request(ids, params, send, self.tokenizer)
         req.reserved = need
         self._inbox_send.send_nowait(req)
+        self._interrupt = True  # a decode run in the worker thread ends at its next step
         self._wake.set()
         try:
             async with recv:
@@ -330,7 +341,11 @@ class Engine:
                     await self._prefill_step(self._prefilling[0])
             self._reap()
             if self._decoding:
-                await self._decode_step()
+                if (self.decode_run_steps > 1 and not self._prefilling
+                        and not self._inbox.statistics().current_buffer_used):
+                    await self._decode_run()
+                else:
+                    await self._decode_step()
             await trio.lowlevel.checkpoint()
 
     def _drain_inbox(self) -> None:
@@ -394,13 +409,7 @@ class Engine:
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
         # the KV buffers have spare capacity: GroupQueryAttention appends in place
         outs = await self.session.run(None, feeds, donate=self._kv_names)
-        if self._output_names is None:
-            self._output_names = [o.name for o in self.session.get_outputs()]
-        by = dict(zip(self._output_names, outs))
-        kv = []
-        for layer in self._layers:
-            kv += [by[f"present.{layer}.key"], by[f"present.{layer}.value"]]
-        return by["logits"], kv
+        return self._split_outputs(outs)
 
     async def _prefill_step(self, req: _Request) -> None:
         if req.kv is None:  # capacity for the whole request: appended in place
@@ -511,6 +520,103 @@ class Engine:
         self._set_kv_bytes()
         self._decode_time += time.perf_counter() - t0
 
+    async def _decode_run(self) -> None:
+        """Up to :attr:`decode_run_steps` decode steps of an unchanged batch
+        back to back in the provider's worker thread (:meth:`Session.run_many`),
+        sampling there: no event-loop round trip per token. Each step's tokens
+        reach the event loop at once (``run_sync_soon``), which emits them as
+        :meth:`_decode_step` does. The run ends after a step in which a
+        request finished (EOS, length, a sampling error), and before the next
+        step once a request was finished, cancelled or a new one arrived
+        (flags read in the worker thread), so streams see every token as soon
+        as it is sampled and a cancel takes effect within a step."""
+        t0 = time.perf_counter()
+        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
+            self._rebuild_batch()
+            self._set_kv_bytes()
+        reqs = self._batch
+        # worker-side state: the event loop owns the requests' own fields
+        history = [r.prompt + r.generated for r in reqs]
+        lengths = [r.length for r in reqs]
+        counts = [len(r.generated) for r in reqs]
+        pending = [r.pending for r in reqs]
+        state = {"kv": self._batch_kv, "steps": 0}
+        token = trio.lowlevel.current_trio_token()
+        limit = self.decode_run_steps
+        eos, context = self.eos, self.context
+        self._interrupt = False
+
+        def next_feeds(outs: list | None) -> dict | None:
+            if outs is not None:
+                logits, kv = self._split_outputs(outs)
+                state["kv"] = kv
+                state["steps"] += 1
+                tokens: list = []
+                finished = False
+                for b, r in enumerate(reqs):
+                    lengths[b] += 1
+                    if r.cancelled or r.done:
+                        tokens.append(None)
+                        continue
+                    try:
+                        tid = r.sampler(logits[b, -1], history[b])
+                    except Exception as exc:  # noqa: BLE001 - fails only this request
+                        tokens.append(exc)
+                        finished = True
+                        continue
+                    tokens.append(tid)
+                    history[b].append(tid)
+                    counts[b] += 1
+                    pending[b] = tid
+                    if ((tid in eos and not r.params.ignore_eos)
+                            or counts[b] >= r.params.max_new_tokens
+                            or lengths[b] + 1 >= context):
+                        finished = True
+                token.run_sync_soon(self._emit_step, reqs, tokens, list(lengths))
+                if finished:
+                    return None
+            if (self._interrupt or state["steps"] >= limit
+                    or any(r.cancelled or r.done for r in reqs)):
+                return None
+            length = max(lengths)
+            ids = np.asarray([[p] for p in pending], np.int64)
+            mask = np.zeros((len(reqs), length + 1), np.int64)
+            for b, n in enumerate(lengths):
+                mask[b, :n + 1] = 1
+            return self._feeds(ids, mask, state["kv"])
+
+        await self.session.run_many(next_feeds, donate=self._kv_names)
+        # every step's _emit_step ran before this: run_sync_soon is FIFO
+        if self._batch is reqs:
+            self._batch_kv = state["kv"]
+        self._steps += state["steps"]
+        self._hist[len(reqs)] = self._hist.get(len(reqs), 0) + state["steps"]
+        self._set_kv_bytes()
+        self._decode_time += time.perf_counter() - t0
+
+    def _emit_step(self, reqs: list[_Request], tokens: list, lengths: list[int]) -> None:
+        """One step of a decode run, on the event loop: each request's token
+        (None: skipped; an exception: its sampling failed)."""
+        for r, tid, n in zip(reqs, tokens, lengths):
+            r.length = n
+            if tid is None or r.done:
+                continue
+            if isinstance(tid, BaseException):
+                self._fail(r, GenerationError(f"sampling the next token failed: "
+                                              f"{type(tid).__name__}: {tid}"))
+                continue
+            self._emit(r, tid)
+            self._decode_tokens += 1
+
+    def _split_outputs(self, outs: list) -> tuple[np.ndarray, list[np.ndarray]]:
+        if self._output_names is None:
+            self._output_names = [o.name for o in self.session.get_outputs()]
+        by = dict(zip(self._output_names, outs))
+        kv = []
+        for layer in self._layers:
+            kv += [by[f"present.{layer}.key"], by[f"present.{layer}.value"]]
+        return by["logits"], kv
+
     def _sample(self, req: _Request, row: np.ndarray, history: list[int]) -> int | None:
         """The request's next token, or None after failing only that request
         (an error in one request's sampling never stops the engine)."""
@@ -546,6 +652,14 @@ class Engine:
         req.send.close()
         if req in self._prefilling:
             self._prefilling.remove(req)
+        if req in self._decoding:
+            # leaves the batch now (its rows go at the next rebuild): the
+            # statistics a caller reads once its result arrived count it out,
+            # also while a decode run still holds the batch's buffers
+            self._decoding.remove(req)
+            if not self._decoding:
+                self._batch, self._batch_kv = [], None
+                self._set_kv_bytes()
 
     def _emit(self, req: _Request, tid: int | None) -> None:
         if tid is None:  # sampling failed: the request is finished with its error
@@ -585,6 +699,7 @@ class Engine:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        self._interrupt = True
         for r in list(self._waiting) + list(self._prefilling) + list(self._decoding):
             if not r.done:
                 r.cancelled = True

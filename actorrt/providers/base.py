@@ -36,7 +36,7 @@ from ._registry import KernelRegistry
 
 __all__ = [
     "ExecutionProvider", "Allocate", "Free", "CopyFromHost", "CopyToHost", "Sync", "Argmax",
-    "RunSegment", "Buffer", "ProviderStatistics",
+    "RunSegment", "RunLoop", "Buffer", "ProviderStatistics",
 ]
 
 
@@ -126,6 +126,25 @@ class RunSegment:
     plan: Any
     segment: Any
     env: list
+
+
+@attrs.frozen
+class RunLoop:
+    """Run a plan whose segments all belong to this provider again and again
+    in one worker thread (handled by a worker actor). Reply: the number of
+    runs.
+
+    Attributes:
+        plan: the plan.
+        next_feeds: ``next_feeds(outputs)``, called in the worker thread with
+            the previous run's outputs (``None`` before the first run): the
+            next run's feeds, or ``None`` to stop.
+        donate: names of inputs whose buffers in-place kernels may overwrite.
+    """
+
+    plan: Any
+    next_feeds: Any
+    donate: frozenset = frozenset()
 
 
 @attrs.define(eq=False)
@@ -400,6 +419,9 @@ class _Worker(Actor):
         self.provider = provider
 
     async def handle(self, message: Any) -> Any:
+        if isinstance(message, RunLoop):
+            return await trio.to_thread.run_sync(self._run_loop, message,
+                                                 limiter=self.provider._limiter)
         if not isinstance(message, RunSegment):
             raise TypeError(f"{self.name} cannot handle {type(message).__name__}")
         seg = message.segment
@@ -411,3 +433,24 @@ class _Worker(Actor):
             await trio.to_thread.run_sync(self.provider.run_segment, plan, seg, message.env,
                                           limiter=self.provider._limiter)
         return None
+
+    def _run_loop(self, message: RunLoop) -> int:
+        # in the worker thread: runs back to back, no event-loop round trip
+        plan, provider = message.plan, self.provider
+        outputs = None
+        runs = 0
+        while True:
+            feeds = message.next_feeds(outputs)
+            if feeds is None:
+                return runs
+            env = plan.new_env()
+            plan.bind_feeds(feeds, env, message.donate)
+            try:
+                for seg in plan.segments:
+                    provider._segments_run += 1
+                    provider.run_segment(plan, seg, env)
+            finally:
+                if plan.tracker_release is not None:
+                    plan.tracker_release(env)
+            outputs = plan.collect_outputs(env)
+            runs += 1

@@ -172,6 +172,57 @@ async def test_eight_concurrent_greedy_requests_equal_their_solo_runs(model_dir)
     assert st.prefill_runs < 16  # the short prompts arriving together shared prefill runs
 
 
+async def test_decode_runs_equal_step_by_step_decoding(model_dir):
+    # decode steps run back to back in the worker thread (sampling there)
+    # give what one event-loop round trip per step gives: greedy, seeded
+    # top-k/top-p with a repetition penalty (the history the sampler sees),
+    # stop strings, EOS, requests joining and leaving a running batch
+    params = [SamplingParams(max_new_tokens=14),
+              SamplingParams(max_new_tokens=11, temperature=0.8, top_k=40, top_p=0.9,
+                             repetition_penalty=1.3, seed=5),
+              SamplingParams(max_new_tokens=30, stop=[" the"]),
+              SamplingParams(max_new_tokens=9, temperature=1.2, seed=11)]
+    results = {}
+    for steps in (1, 4):
+        async with open_engine(model_dir, max_batch=4) as engine:
+            engine.decode_run_steps = steps
+            out = [None] * 4
+
+            async def one(i):
+                await trio.sleep(0.02 * i)  # arrivals while others decode
+                out[i] = await engine.generate(PROMPTS[i], params[i])
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i)
+            st = engine.statistics()
+            assert st.active == 0 and st.kv_bytes == 0
+            results[steps] = out
+    for a, b in zip(results[1], results[4]):
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+    assert results[4][2].finish_reason == "stop" and " the" not in results[4][2].text
+
+
+async def test_cancel_inside_a_decode_run_stops_within_a_step(model_dir):
+    async with open_engine(model_dir) as engine:
+        cpu = engine.session._providers[0]
+        baseline = cpu.statistics().memory.live_bytes
+        engine.decode_run_steps = 1000
+        steps0 = engine.statistics().steps
+        count = 0
+        async for _ in engine.stream("Once upon a time", SamplingParams(max_new_tokens=500,
+                                                                         ignore_eos=True)):
+            count += 1
+            if count == 20:
+                break
+        with trio.fail_after(30):
+            while engine.statistics().active or engine.statistics().kv_bytes:
+                await trio.sleep(0.01)
+        # the run saw the cancel at its next step boundary, not after 500 tokens
+        assert engine.statistics().steps - steps0 < 40
+        assert cpu.statistics().memory.live_bytes == baseline
+
+
 async def test_kv_budget_queues_fifo_and_rejects_what_never_fits(model_dir):
     async with open_engine(model_dir) as engine0:
         per_token = engine0.bytes_per_token

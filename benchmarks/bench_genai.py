@@ -86,7 +86,7 @@ def weight_bytes_per_token(folder) -> tuple[int, int, int]:
 
 def int8_packed_bytes(path) -> int:
     """Bytes of the prepacked MatMulNBits arrays of a session on ``path``
-    (fused decoder blocks included), each array counted once."""
+    (fused decoder blocks and stacks included), each array counted once."""
     import actorrt
     from actorrt.providers.cpu._contrib_quant import MatMulNBits
     seen: dict[int, int] = {}
@@ -94,7 +94,8 @@ def int8_packed_bytes(path) -> int:
         steps = list(sess._session.plan.steps)
         while steps:
             st = steps.pop()
-            steps.extend(getattr(st.kernel, "sub_steps", ()))
+            steps.extend(getattr(st.kernel, "sub_steps", ()))  # a DecoderBlock's nodes
+            steps.extend(getattr(st.kernel, "blocks", ()))  # a DecoderStack's blocks
             p = st.kernel.packed if isinstance(st.kernel, MatMulNBits) else None
             for a in (p.qi, p.scales, p.dz) if p is not None and p.qi is not None else ():
                 seen[id(a)] = a.nbytes

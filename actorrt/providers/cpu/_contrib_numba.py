@@ -270,7 +270,7 @@ if HAVE_NUMBA:
                     m_i = mx[i]
                     tot_e = np.float32(0.0)
                     for t in range(lo, hi):
-                        e = np.exp(sc[i, t] - m_i)
+                        e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
                         sc[i, t] = e
                         tot_e += e
                     den[i] = np.float32(1.0) / tot_e

@@ -78,6 +78,9 @@ CHUNKS_PER_THREAD = 2
 CHUNK_COLUMNS = 64
 #: run consecutive int8 blocks as one stack (:class:`DecoderStack`)
 STACK_BLOCKS = True
+#: the int8 blocks' projections prefetch their weights in software
+#: (_contrib_int8._group_pf); 0 turns it off
+PREFETCH = 1
 
 MS = "com.microsoft"
 
@@ -224,7 +227,7 @@ if _i8.HAVE_INT8_DOT:
         _wait(ctr, stage, row_chunks)
 
     @njit(fastmath=True, nogil=True, cache=True)
-    def _project(stage, ctr, xb, mats, outs, cw, parts):  # pragma: no cover - compiled
+    def _project(stage, ctr, xb, mats, outs, cw, parts, pf):  # pragma: no cover - compiled
         # up to three projections of the same quantized activation, their
         # column chunks numbered one after another: each projection in about
         # ``parts`` chunks of at least cw columns (a claimed chunk costs about
@@ -243,15 +246,15 @@ if _i8.HAVE_INT8_DOT:
                 break
             if c < c0:
                 _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[0][0], mats[0][1], mats[0][2], outs[0],
-                          c * w0, min(n0, (c + 1) * w0))
+                          c * w0, min(n0, (c + 1) * w0), pf)
             elif c < c0 + c1:
                 c -= c0
                 _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[1][0], mats[1][1], mats[1][2], outs[1],
-                          c * w1, min(n1, (c + 1) * w1))
+                          c * w1, min(n1, (c + 1) * w1), pf)
             else:
                 c -= c0 + c1
                 _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[2][0], mats[2][1], mats[2][2], outs[2],
-                          c * w2, min(n2, (c + 1) * w2))
+                          c * w2, min(n2, (c + 1) * w2), pf)
             _done(ctr, stage)
         _wait(ctr, stage, total)
 
@@ -261,7 +264,7 @@ if _i8.HAVE_INT8_DOT:
                 rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                 uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                 yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-                ctr, cw, nw, nd, parts):  # pragma: no cover - compiled
+                ctr, cw, nw, nd, parts, pf):  # pragma: no cover - compiled
         # (flat arguments: a parallel region takes arrays and scalars only)
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
@@ -272,7 +275,7 @@ if _i8.HAVE_INT8_DOT:
         _quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks)
         # 1. q, k, v projections (k and v empty when packed)
         _project(1, ctr, (hq, hs, hx, ht, hu), ((qw, qd, qz), (kw, kd, kz), (vw, vd, vz)),
-                (oq, ok, ov), cw, parts)
+                (oq, ok, ov), cw, parts, pf)
         nq = oq.shape[1]
         query = oq.reshape(bsz, s_len, nq)
         if packed:
@@ -311,7 +314,7 @@ if _i8.HAVE_INT8_DOT:
         # 3. quantize the attention output; 4. o projection
         _quantize_stage(3, ctr, attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au, row_chunks)
         _project(4, ctr, (aq, as_, ax, at, au), ((ow, od, oz), none, none), (o, o, o), cw,
-                 parts)
+                 parts, pf)
         # 5. residual add + RMS norm, quantize
         while True:
             c = _claim(ctr, 5)
@@ -325,7 +328,7 @@ if _i8.HAVE_INT8_DOT:
         _wait(ctr, 5, row_chunks)
         # 6. gate and up projections
         _project(6, ctr, (yq, ys, yx, yt, yu), ((gw, gd, gz), (uw, ud, uz), none),
-                 (gate, up, up), cw, parts)
+                 (gate, up, up), cw, parts, pf)
         # 7. SiLU(gate) * up (as Sigmoid, Mul, Mul compute it), quantize
         while True:
             c = _claim(ctr, 7)
@@ -338,7 +341,7 @@ if _i8.HAVE_INT8_DOT:
         _wait(ctr, 7, row_chunks)
         # 8. down projection; 9. residual add + RMS norm
         _project(8, ctr, (fq, fs, fx, ft, fu), ((dw, dd, dz), none, none), (down, down, down),
-                 cw, parts)
+                 cw, parts, pf)
         while True:
             c = _claim(ctr, 9)
             if c >= row_chunks:
@@ -356,21 +359,21 @@ if _i8.HAVE_INT8_DOT:
                rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-               ctr, cw, nw, nd, threads, parts):  # pragma: no cover - compiled
+               ctr, cw, nw, nd, threads, parts, pf):  # pragma: no cover - compiled
         for _ in prange(threads):
             _program(x, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, oq, ok, ov, packed, past_k,
                     past_v, pk, pv, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                     copy_past, rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw,
                     gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax,
                     at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate,
-                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts)
+                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts, pf)
 
 
     @njit(nogil=True, cache=True)
     def _region_block(h, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed, past_k, past_v, pk, pv,
               seqlens, total, cos, sin, pos_ids, heads, kv_heads, copy_past, rotary,
               interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw,
-              dd, dz, g3, eps3, threads, cw, parts):  # pragma: no cover - compiled
+              dd, dz, g3, eps3, threads, cw, parts, pf):  # pragma: no cover - compiled
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         status, past, tot, pos, t_max = _nb._gqa_lengths(
@@ -409,7 +412,7 @@ if _i8.HAVE_INT8_DOT:
                t_max, heads, kv_heads, copy_past, rotary, interleaved, alpha, window, ow, od,
                oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu,
                aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2,
-               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts)
+               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts, pf)
         return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden)
 
 
@@ -442,7 +445,7 @@ if _i8.HAVE_INT8_DOT:
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads, rotary,
                       interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
                       ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
-                      inv, ctrs, cw, nw, nd, threads, parts):  # pragma: no cover - compiled
+                      inv, ctrs, cw, nw, nd, threads, parts, pf):  # pragma: no cover
         for _ in prange(threads):
             for l in range(wt.shape[0]):
                 a = wt[l]
@@ -460,13 +463,13 @@ if _i8.HAVE_INT8_DOT:
                          _at(a[15], uw), _at(a[16], ud), _at(a[17], uz), _at(a[18], dw),
                          _at(a[19], dd), _at(a[20], dz), g3s[l], eps3s[l], hq, hs, hx, ht, hu,
                          aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o,
-                         y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts)
+                         y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts, pf)
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, past_keys, past_values,
                       seqlens, total, cos, sin, pos_ids, packed, heads, kv_heads, rotary,
-                      interleaved, alpha, window, threads, cw, parts):  # pragma: no cover
+                      interleaved, alpha, window, threads, cw, parts, pf):  # pragma: no cover
         # past_keys / past_values: one (B, KVH, L, D) buffer per layer, written
         # in place (the caller checked they are float32, C-contiguous,
         # writeable and of one shape). Status 5: a layer's key and value
@@ -516,7 +519,7 @@ if _i8.HAVE_INT8_DOT:
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                       rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
-                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts)
+                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf)
         return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden)
 
 
@@ -796,7 +799,7 @@ class DecoderBlock(Kernel):
                 # one parallel region for the whole block: below ~4M
                 # multiply-adds, one thread (waking the team costs more)
                 team = threads if bsz * s * blocks >= REGION_MIN_WORK else 1
-                last = (team, CHUNK_COLUMNS, CHUNKS_PER_THREAD * team)
+                last = (team, CHUNK_COLUMNS, CHUNKS_PER_THREAD * team, PREFETCH)
             else:
                 work = bsz * heads * s * (int(seqlens.max(initial=0)) + 1) * d
                 gqa_chunks = (min(bsz * kv_heads, 4 * threads)
@@ -908,7 +911,7 @@ class DecoderStack(Kernel):
                 kv[1::2], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team)
+                CHUNKS_PER_THREAD * team, PREFETCH)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, kv)

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "gemv_q8", "gemm_q8", "gqa_attention", "skip_rms_norm",
+__all__ = ["HAVE_NUMBA", "gemv_q8", "gemm_q8", "gqa_attention", "rms_norm", "skip_rms_norm",
            "num_threads", "set_num_threads", "warm_up"]
 
 try:  # numba is optional (the ``genai`` extra)
@@ -396,6 +396,19 @@ if HAVE_NUMBA:
                 y[r, j] = ssum[r, j] * iv * gamma[j]
 
 
+    @njit(fastmath=True, nogil=True, cache=True, error_model="numpy")
+    def _rms_norm(x, gamma, eps, y, inv):  # pragma: no cover - compiled
+        rows, hidden = x.shape
+        for r in range(rows):
+            acc = np.float32(0.0)
+            for j in range(hidden):
+                acc += x[r, j] * x[r, j]
+            iv = np.float32(1.0) / np.sqrt(acc / np.float32(hidden) + eps)
+            inv[r] = iv
+            for j in range(hidden):
+                y[r, j] = x[r, j] * iv * gamma[j]
+
+
 #: below this many weights (M x N x K for the GEMM) a kernel runs on one thread:
 #: waking the thread team costs more than it saves. Measured on SmolLM2 decode:
 #: the 576x576 projections (331,776 weights) gain from two threads, the 192x576
@@ -469,6 +482,17 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
 
 _ONE = np.ones((1, 1), np.float32)
 _NO_POS = np.zeros((1, 1), np.int64)
+
+
+def rms_norm(x, gamma, eps: float):
+    """RMSNorm of the rows of x (M, H) float32 (C-contiguous) scaled by gamma
+    (H,) float32: ``(y (M, H), inv_std_var (M,))``, float32 accumulation
+    (onnxruntime's SimplifiedLayerNormalization with stash_type 1)."""
+    rows, hidden = x.shape
+    y = np.empty((rows, hidden), np.float32)
+    inv = np.empty(rows, np.float32)
+    _rms_norm(x, gamma, np.float32(eps), y, inv)
+    return y, inv
 
 
 def skip_rms_norm(x, skip, gamma, bias, eps: float):

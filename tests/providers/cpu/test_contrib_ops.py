@@ -61,6 +61,8 @@ def test_skip_layer_norm():
 
 def test_simplified_layer_norm_onnx_domain():
     ort("SimplifiedLayerNormalization", {"x": X, "g": GAMMA}, ("y", "i"), domain="")
+    ort("SimplifiedLayerNormalization", {"x": np.stack([X, 3 * X]), "g": GAMMA}, ("y", "i"),
+        domain="")  # the compiled path on a 3-D input
     ort("SimplifiedLayerNormalization", {"x": X, "g": GAMMA.reshape(1, 8).repeat(3, 0)},
         ("y", "i"), domain="", axis=1, epsilon=1e-3)
     ort("SimplifiedLayerNormalization", {"x": X.astype(np.float16),

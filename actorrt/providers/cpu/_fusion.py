@@ -78,9 +78,11 @@ CHUNKS_PER_THREAD = 2
 CHUNK_COLUMNS = 64
 #: run consecutive int8 blocks as one stack (:class:`DecoderStack`)
 STACK_BLOCKS = True
-#: the int8 blocks' projections prefetch their weights in software
-#: (_contrib_int8._group_pf); 0 turns it off
-PREFETCH = 1
+#: software prefetch in the int8 blocks, bit flags: 1 the projections
+#: prefetch their weights ahead (_contrib_int8._group_pf), 2 a thread waiting
+#: at the end of a small stage (quantize, attention, norm, SiLU) prefetches
+#: the next projection's weights; 0 turns both off
+PREFETCH = 3
 
 MS = "com.microsoft"
 
@@ -206,6 +208,40 @@ if _i8.HAVE_INT8_DOT:
         while _atomic_get(ctr, 2 * stage + 1) < n:
             _spin_pause()
 
+    @intrinsic
+    def _prefetch_line(typingctx, arr, offset):
+        """Prefetch the cache line at byte ``offset`` of ``arr`` (a hint)."""
+        def codegen(context, builder, sig, args):
+            i8p = _ir.IntType(8).as_pointer()
+            i32 = _ir.IntType(32)
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            fn = cgutils.get_or_insert_function(
+                builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(fn, [builder.gep(builder.bitcast(data, i8p), [args[1]]),
+                              _ir.Constant(i32, 0), _ir.Constant(i32, 3), _ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+        return types.none(arr, types.int64), codegen
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _wait_warm(ctr, stage, n, w0, w1, pf):  # pragma: no cover - compiled
+        # _wait; with pf & 2, meanwhile prefetching the next stage's weights
+        # (w0 then w1 from their first byte: the order their chunks are
+        # claimed in), so a thread left without work in a small stage keeps
+        # the memory bus busy
+        limit = w0.nbytes + w1.nbytes if pf & 2 else 0
+        pos = 0
+        while _atomic_get(ctr, 2 * stage + 1) < n:
+            if pos < limit:
+                for _ in range(8):
+                    if pos < w0.nbytes:
+                        _prefetch_line(w0, pos)
+                    elif pos < limit:
+                        _prefetch_line(w1, pos - w0.nbytes)
+                    pos += 64
+            else:
+                _spin_pause()
+
     # The int8 decoder block as one parallel region: every thread runs the
     # same stage program (_program) and claims chunks of each stage (column
     # ranges of the projections, (batch row, KV head) pairs of attention, the
@@ -215,8 +251,10 @@ if _i8.HAVE_INT8_DOT:
     # per process.
 
     @njit(nogil=True, cache=True)
-    def _quantize_stage(stage, ctr, a, xq, sx, xsum, sx_t, xs_t, row_chunks):  # pragma: no cover
-        # a stage quantizing the rows of a, eight rows a chunk
+    def _quantize_stage(stage, ctr, a, xq, sx, xsum, sx_t, xs_t, row_chunks, w0, w1,
+                        pf):  # pragma: no cover - compiled
+        # a stage quantizing the rows of a, eight rows a chunk (the next
+        # stage's weights w0, w1 warmed while waiting)
         m = a.shape[0]
         while True:
             c = _claim(ctr, stage)
@@ -224,7 +262,7 @@ if _i8.HAVE_INT8_DOT:
                 break
             _i8._quantize_into(a, xq, sx, xsum, sx_t, xs_t, c * 8, min(m, c * 8 + 8))
             _done(ctr, stage)
-        _wait(ctr, stage, row_chunks)
+        _wait_warm(ctr, stage, row_chunks, w0, w1, pf)
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _project(stage, ctr, xb, mats, outs, cw, parts, pf):  # pragma: no cover - compiled
@@ -272,7 +310,7 @@ if _i8.HAVE_INT8_DOT:
         # the row-wise steps are claimed eight rows at a time
         row_chunks = (m + 7) // 8
         # 0. quantize h
-        _quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks)
+        _quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks, qw, kw, pf)
         # 1. q, k, v projections (k and v empty when packed)
         _project(1, ctr, (hq, hs, hx, ht, hu), ((qw, qd, qz), (kw, kd, kz), (vw, vd, vz)),
                 (oq, ok, ov), cw, parts, pf)
@@ -310,9 +348,10 @@ if _i8.HAVE_INT8_DOT:
             _nb._attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len, r2,
                               rotary, interleaved, alpha, window, qg, acc, sc, mx, den, attn)
             _done(ctr, 2)
-        _wait(ctr, 2, pairs)
+        _wait_warm(ctr, 2, pairs, ow, nw, pf)
         # 3. quantize the attention output; 4. o projection
-        _quantize_stage(3, ctr, attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au, row_chunks)
+        _quantize_stage(3, ctr, attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au, row_chunks,
+                        ow, nw, pf)
         _project(4, ctr, (aq, as_, ax, at, au), ((ow, od, oz), none, none), (o, o, o), cw,
                  parts, pf)
         # 5. residual add + RMS norm, quantize
@@ -325,7 +364,7 @@ if _i8.HAVE_INT8_DOT:
                                inv[r0:r1], res2[r0:r1])
             _i8._quantize_into(y2, yq, ys, yx, yt, yu, r0, r1)
             _done(ctr, 5)
-        _wait(ctr, 5, row_chunks)
+        _wait_warm(ctr, 5, row_chunks, gw, uw, pf)
         # 6. gate and up projections
         _project(6, ctr, (yq, ys, yx, yt, yu), ((gw, gd, gz), (uw, ud, uz), none),
                  (gate, up, up), cw, parts, pf)
@@ -338,7 +377,7 @@ if _i8.HAVE_INT8_DOT:
             _nb._silu_mul(gate, up, r0, r1)
             _i8._quantize_into(gate, fq, fs, fx, ft, fu, r0, r1)
             _done(ctr, 7)
-        _wait(ctr, 7, row_chunks)
+        _wait_warm(ctr, 7, row_chunks, dw, nw, pf)
         # 8. down projection; 9. residual add + RMS norm
         _project(8, ctr, (fq, fs, fx, ft, fu), ((dw, dd, dz), none, none), (down, down, down),
                  cw, parts, pf)

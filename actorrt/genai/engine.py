@@ -201,7 +201,7 @@ class Engine:
         eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
         self.eos = set([eos] if isinstance(eos, int) else list(eos))
         self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
-        self._output_names: list[str] | None = None
+        self._output_index: tuple[int, list[int]] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
                           for kv in ("key", "value")]
         self._host = next(p for p in session._providers if p.name == "cpu")
@@ -407,9 +407,7 @@ class Engine:
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray]) -> dict:
         feeds = {"input_ids": ids, "attention_mask": mask}
-        for j, layer in enumerate(self._layers):
-            feeds[f"past_key_values.{layer}.key"] = kv[2 * j]
-            feeds[f"past_key_values.{layer}.value"] = kv[2 * j + 1]
+        feeds.update(zip(self._kv_names, kv))
         return feeds
 
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -615,13 +613,14 @@ class Engine:
             self._decode_tokens += 1
 
     def _split_outputs(self, outs: list) -> tuple[np.ndarray, list[np.ndarray]]:
-        if self._output_names is None:
-            self._output_names = [o.name for o in self.session.get_outputs()]
-        by = dict(zip(self._output_names, outs))
-        kv = []
-        for layer in self._layers:
-            kv += [by[f"present.{layer}.key"], by[f"present.{layer}.value"]]
-        return by["logits"], kv
+        """(logits, [present key, value of each layer]) of a run's outputs."""
+        if self._output_index is None:
+            where = {o.name: i for i, o in enumerate(self.session.get_outputs())}
+            self._output_index = (where["logits"], [
+                where[f"present.{layer}.{kv}"] for layer in self._layers
+                for kv in ("key", "value")])
+        logits, kv = self._output_index
+        return outs[logits], [outs[i] for i in kv]
 
     def _sample(self, req: _Request, row: np.ndarray, history: list[int]) -> int | None:
         """The request's next token, or None after failing only that request

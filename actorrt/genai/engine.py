@@ -53,6 +53,12 @@ Prompt = str | Sequence[int] | Sequence[dict]
 #: default :attr:`Engine.decode_run_steps`: a run of 16 steps (~0.15 s of
 #: SmolLM2 decode here) bounds how long closing the engine waits for it
 DECODE_RUN_STEPS = 16
+#: default :attr:`Engine.stream_interval_s`. Each hand-over wakes the event
+#: loop, whose Python (detokenizing, the streams' consumers) then competes
+#: with the decode thread for the GIL and for a core: handing every token over
+#: cost ~7 % of SmolLM2's decode speed on 2 cores. 25 ms is ~3 tokens, below
+#: what a reader notices.
+STREAM_INTERVAL_S = 0.025
 
 
 @attrs.frozen
@@ -191,6 +197,9 @@ class Engine:
         #: batch does not change (:meth:`_decode_run`); 1 runs every step
         #: through the event loop
         self.decode_run_steps = DECODE_RUN_STEPS
+        #: in a decode run, sampled tokens are handed to the event loop (and
+        #: the streams) at most this often (s), and at the run's end
+        self.stream_interval_s = STREAM_INTERVAL_S
         names = [i.name for i in session.get_inputs()]
         self._layers = sorted({int(n.split(".")[1]) for n in names
                                if n.startswith("past_key_values.")})
@@ -548,7 +557,15 @@ class Engine:
         token = trio.lowlevel.current_trio_token()
         limit = self.decode_run_steps
         eos, context = self.eos, self.context
+        interval = self.stream_interval_s
+        unsent: list = []  # steps sampled, not yet handed to the event loop
+        last_sent = [time.perf_counter()]
         self._interrupt = False
+
+        def hand_over() -> None:
+            token.run_sync_soon(self._emit_steps, list(unsent))
+            unsent.clear()
+            last_sent[0] = time.perf_counter()
 
         def next_feeds(outs: list | None) -> dict | None:
             if outs is not None:
@@ -576,11 +593,16 @@ class Engine:
                             or counts[b] >= r.params.max_new_tokens
                             or lengths[b] + 1 >= context):
                         finished = True
-                token.run_sync_soon(self._emit_step, reqs, tokens, list(lengths))
+                unsent.append((reqs, tokens, list(lengths)))
                 if finished:
+                    hand_over()
                     return None
+                if time.perf_counter() - last_sent[0] >= interval:
+                    hand_over()
             if (self._interrupt or state["steps"] >= limit
                     or any(r.cancelled or r.done for r in reqs)):
+                if unsent:
+                    hand_over()
                 return None
             length = max(lengths)
             ids = np.asarray([[p] for p in pending], np.int64)
@@ -590,7 +612,7 @@ class Engine:
             return self._feeds(ids, mask, state["kv"])
 
         await self.session.run_many(next_feeds, donate=self._kv_names)
-        # every step's _emit_step ran before this: run_sync_soon is FIFO
+        # every step's tokens were handed over before this: run_sync_soon is FIFO
         if self._batch is reqs:
             self._batch_kv = state["kv"]
         self._steps += state["steps"]
@@ -598,9 +620,14 @@ class Engine:
         self._set_kv_bytes()
         self._decode_time += time.perf_counter() - t0
 
+    def _emit_steps(self, steps: list[tuple]) -> None:
+        """Steps of a decode run, on the event loop: per step ``(requests,
+        tokens, lengths)``, each request's token (None: skipped; an exception:
+        its sampling failed) and KV length after the step."""
+        for reqs, tokens, lengths in steps:
+            self._emit_step(reqs, tokens, lengths)
+
     def _emit_step(self, reqs: list[_Request], tokens: list, lengths: list[int]) -> None:
-        """One step of a decode run, on the event loop: each request's token
-        (None: skipped; an exception: its sampling failed)."""
         for r, tid, n in zip(reqs, tokens, lengths):
             r.length = n
             if tid is None or r.done:

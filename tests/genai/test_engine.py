@@ -223,6 +223,21 @@ async def test_cancel_inside_a_decode_run_stops_within_a_step(model_dir):
         assert cpu.statistics().memory.live_bytes == baseline
 
 
+async def test_a_decode_run_streams_its_tokens_as_it_goes(model_dir):
+    # one long run (1000 steps allowed): the tokens reach the stream every
+    # stream_interval_s, not when the run ends
+    async with open_engine(model_dir) as engine:
+        engine.decode_run_steps = 1000
+        engine.stream_interval_s = 0.02
+        arrivals = []
+        async for _ in engine.stream("Once upon a time", SamplingParams(max_new_tokens=60,
+                                                                         ignore_eos=True)):
+            arrivals.append(trio.current_time())
+        span = arrivals[-1] - arrivals[0]
+        batches = 1 + sum(b - a > 0.005 for a, b in zip(arrivals, arrivals[1:]))
+        assert batches >= 5 and span > 0.1  # ~60 steps of >= 5 ms each
+
+
 async def test_kv_budget_queues_fifo_and_rejects_what_never_fits(model_dir):
     async with open_engine(model_dir) as engine0:
         per_token = engine0.bytes_per_token

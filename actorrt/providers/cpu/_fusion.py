@@ -409,6 +409,21 @@ if _i8.HAVE_INT8_DOT:
 
 
     @njit(nogil=True, cache=True)
+    def _scratch(bsz, s_len, hidden, nq, nk, nv, width, nf):  # pragma: no cover - compiled
+        # the stage program's intermediates for m = bsz * s_len rows: the
+        # q/k/v projections, attention output (bsz, s_len, width), o, y2,
+        # res2, gate, up, down, 1/rms, then the int8 buffers of the four
+        # quantized activations (h, attention, y2, SiLU product)
+        m = bsz * s_len
+        f32 = np.float32
+        return ((np.empty((m, nq), f32), np.empty((m, nk), f32), np.empty((m, nv), f32),
+                 np.empty((bsz, s_len, width), f32), np.empty((m, hidden), f32),
+                 np.empty((m, hidden), f32), np.empty((m, hidden), f32), np.empty((m, nf), f32),
+                 np.empty((m, nf), f32), np.empty((m, hidden), f32), np.empty(m, f32))
+                + _i8._act_buffers(m, hidden) + _i8._act_buffers(m, width)
+                + _i8._act_buffers(m, hidden) + _i8._act_buffers(m, nf))
+
+    @njit(nogil=True, cache=True)
     def _region_block(h, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed, past_k, past_v, pk, pv,
               seqlens, total, cos, sin, pos_ids, heads, kv_heads, copy_past, rotary,
               interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw,
@@ -420,7 +435,6 @@ if _i8.HAVE_INT8_DOT:
             False, rotary, cos.shape[0])
         if status != 0:  # nothing was written
             return status, h, h
-        f32 = np.float32
         nq = qw.shape[0]
         d = nq // (heads + 2 * kv_heads) if packed else nq // heads
         nf = gw.shape[0]
@@ -428,24 +442,12 @@ if _i8.HAVE_INT8_DOT:
         nd = qd[:0]
         if packed:
             kw, kd, kz, vw, vd, vz = nw, nd, nd, nw, nd, nd
-        oq = np.empty((m, nq), f32)
-        ok = np.empty((m, kw.shape[0]), f32)
-        ov = np.empty((m, vw.shape[0]), f32)
-        attn = np.empty((bsz, s_len, heads * d), f32)
-        o = np.empty((m, hidden), f32)
-        y2 = np.empty((m, hidden), f32)
-        res2 = np.empty((m, hidden), f32)
-        gate = np.empty((m, nf), f32)
-        up = np.empty((m, nf), f32)
-        down = np.empty((m, hidden), f32)
-        y3 = np.empty((m, hidden), f32)
-        res3 = np.empty((m, hidden), f32)
-        inv = np.empty(m, f32)
+        (oq, ok, ov, attn, o, y2, res2, gate, up, down, inv, hq, hs, hx, ht, hu, aq, as_, ax, at,
+         au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
+            bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
+        y3 = np.empty((m, hidden), np.float32)
+        res3 = np.empty((m, hidden), np.float32)
         ctr = np.zeros(20, np.int64)
-        hq, hs, hx, ht, hu = _i8._act_buffers(m, hidden)
-        aq, as_, ax, at, au = _i8._act_buffers(m, heads * d)
-        yq, ys, yx, yt, yu = _i8._act_buffers(m, hidden)
-        fq, fs, fx, ft, fu = _i8._act_buffers(m, nf)
         _region(h.reshape(m, hidden), res.reshape(m, hidden), qw, qd, qz, kw, kd, kz, vw, vd,
                vz, oq, ok, ov, packed, past_k, past_v, pk, pv, cos, sin, pos, past, tot,
                t_max, heads, kv_heads, copy_past, rotary, interleaved, alpha, window, ow, od,
@@ -531,28 +533,15 @@ if _i8.HAVE_INT8_DOT:
             rotary, cos.shape[0])
         if status != 0:  # nothing was written
             return status, h, res
-        f32 = np.float32
         nq = qw.shape[0]
         d = nq // (heads + 2 * kv_heads) if packed else nq // heads
         nf = gw.shape[0]
         x = h.reshape(m, hidden).copy()
         r = res.reshape(m, hidden).copy()
-        oq = np.empty((m, nq), f32)
-        ok = np.empty((m, kw.shape[0]), f32)
-        ov = np.empty((m, vw.shape[0]), f32)
-        attn = np.empty((bsz, s_len, heads * d), f32)
-        o = np.empty((m, hidden), f32)
-        y2 = np.empty((m, hidden), f32)
-        res2 = np.empty((m, hidden), f32)
-        gate = np.empty((m, nf), f32)
-        up = np.empty((m, nf), f32)
-        down = np.empty((m, hidden), f32)
-        inv = np.empty(m, f32)
+        (oq, ok, ov, attn, o, y2, res2, gate, up, down, inv, hq, hs, hx, ht, hu, aq, as_, ax, at,
+         au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
+            bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
         ctrs = np.zeros((n_layers, 20), np.int64)
-        hq, hs, hx, ht, hu = _i8._act_buffers(m, hidden)
-        aq, as_, ax, at, au = _i8._act_buffers(m, heads * d)
-        yq, ys, yx, yt, yu = _i8._act_buffers(m, hidden)
-        fq, fs, fx, ft, fu = _i8._act_buffers(m, nf)
         _stack_region(x, r, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw,
                       ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, oq, ok, ov,
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads,

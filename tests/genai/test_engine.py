@@ -238,6 +238,19 @@ async def test_a_decode_run_streams_its_tokens_as_it_goes(model_dir):
         assert batches >= 5 and span > 0.1  # ~60 steps of >= 5 ms each
 
 
+async def test_decode_statistics_count_a_run_still_going(model_dir):
+    # a caller's last token arrives while the decode run that made it has not
+    # returned yet: the decode time read then covers the tokens counted
+    async with open_engine(model_dir) as engine:
+        engine.decode_run_steps = 1000
+        st0 = engine.statistics()
+        result = await engine.generate("Once upon a time", SamplingParams(max_new_tokens=40,
+                                                                            ignore_eos=True))
+        st = engine.statistics()
+    assert st.decode_tokens - st0.decode_tokens == 39
+    assert st.decode_time_s - st0.decode_time_s >= 0.8 * result.decode_seconds > 0
+
+
 async def test_kv_budget_queues_fifo_and_rejects_what_never_fits(model_dir):
     async with open_engine(model_dir) as engine0:
         per_token = engine0.bytes_per_token

@@ -54,10 +54,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ... import tracing
-from ..._errors import ActorRTError, KernelError
 from .._contract import Kernel, NodeSpec
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
+from ._prologue import run_original
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
            "FUSED_OP", "STACK_OP", "FUSED_DOMAIN"]
@@ -738,27 +738,8 @@ class DecoderBlock(Kernel):
 
     def _fallback(self, *inputs: Any) -> tuple:
         """Run the original kernels one after another (their closures)."""
-        env: dict[int, Any] = {s: v for s, v in zip(self.in_slots, inputs) if s >= 0}
-        consts = self.match["consts"]
-        for st in self.sub_steps:
-            args = [None if i < 0 else (env[i] if i in env else consts[i]) for i in st.inputs]
-            try:
-                r = st.fn(*args)
-            except ActorRTError as e:
-                if e.node is None:
-                    e.node = st.node.name
-                raise
-            except MemoryError:
-                raise
-            except Exception as e:
-                raise KernelError(f"{st.node.op_type} kernel (fused into {self.node.name}) "
-                                  f"failed: {type(e).__name__}: {e}", op_type=st.node.op_type,
-                                  model=st.node.model, node=st.node.name) from e
-            outs = r if st.kernel.multi_output else (r,)
-            for slot, v in zip(st.outputs, outs):
-                if slot >= 0:
-                    env[slot] = v
-        return tuple(env.get(s) for s in self.out_slots)
+        return run_original(self.node, self.sub_steps, self.match["consts"], self.in_slots,
+                            self.out_slots, inputs)
 
     def run(self, *inputs: Any) -> tuple:
         return self._fallback(*inputs)

@@ -240,7 +240,7 @@ async def test_a_block_whose_intermediate_is_read_outside_is_not_fused(tiny):
     onnx.save(model, str(copy))
     try:
         async with open_session(copy) as sess:
-            fused = [names for _, names in sess.plan.fusions]
+            fused = [names for name, names in sess.plan.fusions if name.endswith("/DecoderBlock")]
         assert len(fused) == 1 and "model.layers.0/attn/GroupQueryAttention" in fused[0]
     finally:
         copy.unlink()

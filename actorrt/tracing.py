@@ -25,7 +25,18 @@ import attrs
 __all__ = ["TraceCollector", "Span", "kernel_variant", "LEVELS"]
 
 LEVELS = ("off", "ops", "full")
-_local = threading.local()
+
+
+class _Local(threading.local):
+    """Per-thread tracing state; class-level defaults make the check in
+    :func:`kernel_variant` (on every fused kernel's hot path) two plain
+    attribute reads."""
+
+    decisions: dict | None = None
+    active: bool = False
+
+
+_local = _Local()
 
 
 @attrs.define
@@ -79,7 +90,7 @@ class TraceCollector:
             "bytes": int(nbytes),
             "flops": float(step.kernel.flops(shapes)),
         }
-        decisions = getattr(_local, "decisions", None)
+        decisions = _local.decisions
         if decisions:
             args.update(decisions)
             _local.decisions = None
@@ -128,9 +139,9 @@ def kernel_variant(stage: str, variant: str, reason: str = "", *args: Any) -> No
     ``"im2col"``), with ``reason % args``, on the running op's span. A no-op
     (nothing formatted) when tracing is off. Two stages in one node don't
     overwrite each other: each is stored as ``kernel_variant.<stage>``."""
-    d = getattr(_local, "decisions", None)
+    d = _local.decisions
     if d is None:
-        if not getattr(_local, "active", False):
+        if not _local.active:
             return
         d = _local.decisions = {}
     d[f"kernel_variant.{stage}"] = {"variant": variant,

@@ -49,6 +49,7 @@ after another, so results and error messages are theirs.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -508,26 +509,15 @@ if _i8.HAVE_INT8_DOT:
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
-                      uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, past_keys, past_values,
-                      seqlens, total, cos, sin, pos_ids, packed, heads, kv_heads, rotary,
-                      interleaved, alpha, window, threads, cw, parts, pf):  # pragma: no cover
-        # past_keys / past_values: one (B, KVH, L, D) buffer per layer, written
-        # in place (the caller checked they are float32, C-contiguous,
-        # writeable and of one shape). Status 5: a layer's key and value
-        # buffers overlap (each layer then runs on its own and names it)
+                      uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
+                      cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
+                      window, threads, cw, parts, pf):  # pragma: no cover - compiled
+        # kvt: (layers, 2) addresses of each layer's key and value buffers,
+        # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
+        # (the caller checked them: see _kv_table)
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
-        kv0 = past_keys[0]
         n_layers = wt.shape[0]
-        kvt = np.empty((n_layers, 2), np.int64)
-        nbytes = kv0.size * 4
-        for l in range(n_layers):
-            k = past_keys[l].ctypes.data
-            v = past_values[l].ctypes.data
-            if k < v + nbytes and v < k + nbytes:
-                return 5, h, res
-            kvt[l, 0] = k
-            kvt[l, 1] = v
         status, past, tot, pos, t_max = _nb._gqa_lengths(
             seqlens, total, bsz, s_len, kv0.shape[2], False, kv0.shape[2], pos_ids, False,
             rotary, cos.shape[0])
@@ -892,6 +882,9 @@ class DecoderStack(Kernel):
         one, no_pos = _nb._ONE, _nb._NO_POS
         n_layers = len(fns)
         region = _region_stack
+        # (weak references to the KV buffers last checked, their address
+        # table): a finished request's cache is not kept alive
+        checked: list = [None]
 
         def decoder_stack(h, residual, seqlens_k, total_sequence_length, cos_cache=None,
                           sin_cache=None, *kv):
@@ -906,18 +899,18 @@ class DecoderStack(Kernel):
             if ready is None or ready[2] or ready[0] is not kv[0]:
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, kv)
-            shape = kv[0].shape
-            for a in kv:  # every layer's buffers like layer 0's: written in place
-                fl = a.flags
-                if (a.dtype != f32 or a.shape != shape or not fl.c_contiguous
-                        or not fl.writeable):
+            known = checked[0]  # one read: another thread may replace it
+            if known is None or any(w() is not a for w, a in zip(known[0], kv)):
+                kvt = _kv_table(kv)  # every layer's buffers like layer 0's, or None
+                if kvt is None:
                     return chain(fns, h, residual, seqlens_k, total_sequence_length,
                                  cos_cache, sin_cache, kv)
+                known = checked[0] = (tuple(weakref.ref(a) for a in kv), kvt)
             seqlens, total, alpha = ready[3], ready[4], ready[5]
             team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
             status, y, r = parallel(
-                region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, kv[0::2],
-                kv[1::2], seqlens, total, cos_cache if rotary else one,
+                region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, known[1],
+                kv[0], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
                 CHUNKS_PER_THREAD * team, PREFETCH)
@@ -930,6 +923,35 @@ class DecoderStack(Kernel):
 
         decoder_stack.keep = keep  # the weights the table points at
         return decoder_stack
+
+
+def _kv_table(kv: Sequence[Any]) -> np.ndarray | None:
+    """(layers, 2) int64 addresses of the key and value buffers ``kv`` (key 0,
+    value 0, key 1, ...) when every one is a writeable C-contiguous float32
+    array shaped like the first and no layer's key and value overlap (the
+    stack writes them in place); else None.
+
+    The stack checks a set of buffers once and then recognises it by
+    identity: the engine passes the same donated buffers every decode step.
+    A buffer's flags or shape changed in place (not a new array) between
+    two calls would go unnoticed."""
+    k0 = kv[0]
+    if not isinstance(k0, np.ndarray):
+        return None
+    shape, f32 = k0.shape, np.dtype(np.float32)
+    table = np.empty((len(kv) // 2, 2), np.int64)
+    for i, a in enumerate(kv):
+        if not isinstance(a, np.ndarray):
+            return None
+        fl = a.flags
+        if a.dtype != f32 or a.shape != shape or not fl.c_contiguous or not fl.writeable:
+            return None
+        table[i // 2, i % 2] = a.ctypes.data
+    nbytes = k0.nbytes
+    k, v = table[:, 0], table[:, 1]
+    if np.any((k < v + nbytes) & (v < k + nbytes)):
+        return None
+    return table
 
 
 def _same_layers(statics: Sequence[dict]) -> bool:

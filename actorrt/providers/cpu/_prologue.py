@@ -48,6 +48,8 @@ __all__ = ["MaskLengths", "QuantizedGather", "fuse_prologue", "run_original",
 MASK_OP = "MaskLengths"
 GATHER_OP = "QuantizedGather"
 DOMAIN = "ai.actorrt"
+#: fuse the prologue patterns (False: keep the nodes; for comparisons)
+FUSE_PROLOGUE = True
 _INT32, _FLOAT = 6, 1  # ONNX TensorProto data types
 
 if _nb.HAVE_NUMBA:

@@ -45,8 +45,9 @@ class CPUExecutionProvider(ExecutionProvider):
         if len(mine) < 8:
             return steps, []
         steps, fusions = _fusion.fuse_decoder_blocks(steps, protected, consts, make_step, self)
-        steps, prologue = _prologue.fuse_prologue(steps, protected, consts, make_step, self)
-        fusions = fusions + prologue
+        if _prologue.FUSE_PROLOGUE:
+            steps, prologue = _prologue.fuse_prologue(steps, protected, consts, make_step, self)
+            fusions = fusions + prologue
         if _fusion.STACK_BLOCKS:
             steps, stacks = _fusion.fuse_decoder_stacks(steps, protected, make_step)
             fusions = fusions + stacks

@@ -558,6 +558,13 @@ class Engine:
         state = {"kv": self._batch_kv, "steps": 0}
         token = trio.lowlevel.current_trio_token()
         limit = self.decode_run_steps
+        # greedy without a repetition penalty: the sampler's argmax, called directly
+        argmax = [r.params.greedy and r.params.repetition_penalty == 1.0 for r in reqs]
+        # the attention mask of every step of the run, row b ones up to its
+        # length + 1 (each step sets one more column per row)
+        masks = np.zeros((len(reqs), max(lengths) + limit + 1), np.int64)
+        for b, n in enumerate(lengths):
+            masks[b, :n + 1] = 1
         eos, context = self.eos, self.context
         interval = self.stream_interval_s
         unsent: list = []  # steps sampled, not yet handed to the event loop
@@ -578,11 +585,13 @@ class Engine:
                 finished = False
                 for b, r in enumerate(reqs):
                     lengths[b] += 1
+                    masks[b, lengths[b]] = 1
                     if r.cancelled or r.done:
                         tokens.append(None)
                         continue
                     try:
-                        tid = r.sampler(logits[b, -1], history[b])
+                        tid = (int(logits[b, -1].argmax()) if argmax[b]
+                               else r.sampler(logits[b, -1], history[b]))
                     except Exception as exc:  # noqa: BLE001 - fails only this request
                         tokens.append(exc)
                         finished = True
@@ -606,11 +615,10 @@ class Engine:
                 if unsent:
                     hand_over()
                 return None
-            length = max(lengths)
             ids = np.asarray([[p] for p in pending], np.int64)
-            mask = np.zeros((len(reqs), length + 1), np.int64)
-            for b, n in enumerate(lengths):
-                mask[b, :n + 1] = 1
+            mask = masks[:, :max(lengths) + 1]
+            if len(reqs) > 1:
+                mask = np.ascontiguousarray(mask)
             return self._feeds(ids, mask, state["kv"])
 
         self._decode_mark = t0

@@ -45,7 +45,9 @@ Layouts (C-contiguous; :func:`pack_i8`):
     that column order; or, with float16 scales, ``w = d = dz``: (N, n_blocks
     * 20 or 36) bytes where a group's block is its four scales, four scale *
     zero points (float16) and four weight blocks, a last column's block its
-    scale, scale * zero point and weight block.
+    scale, scale * zero point and weight block. 8-bit weights whose every
+    scale * (zero point - 128) is zero (GGUF Q8_0) leave those terms out:
+    (N, n_blocks * 34) bytes, and ``dz`` is :data:`NO_ZERO_POINTS`.
     ``xq``: (M, n_blocks * 32) int8, each block reordered even values first,
     then odd (the order the 4-bit bytes unpack to); ``sx`` / ``xsum``:
     (M, n_blocks) float32 block scales and ``sx * sum(xq)``.
@@ -118,6 +120,15 @@ if HAVE_INT8_DOT:
         if n == 1:
             return builder.load(builder.gep(data, [off]))
         return _load_vec(builder, data, off, _V(_f32, n))
+
+    def _load_zero_points(builder, sig, index, dty, data, off, n):
+        """:func:`_load_scales` of the scale * zero point argument ``index``,
+        or float32 zeros when its type marks a layout without zero points
+        (:data:`NO_ZERO_POINTS`, float64): LLVM then drops the correction
+        and the activation sums it would read."""
+        if sig.args[index].dtype == types.float64:
+            return ir.Constant(_f32, 0.0) if n == 1 else _splat(_f32, 0.0, n)
+        return _load_scales(builder, dty, data, off, n)
 
     def _unpack(context, builder, sig, args, arrays, ints):
         """Data pointers of the array arguments at ``arrays`` and the integer
@@ -231,7 +242,7 @@ if HAVE_INT8_DOT:
             wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2], wstride)
             step = builder.mul(b, dstride)
             dval = _load_scales(builder, dty, da, builder.add(d_off, step), 1)
-            zval = _load_scales(builder, dty, za, builder.add(z_off, step), 1)
+            zval = _load_zero_points(builder, sig, 9, dty, za, builder.add(z_off, step), 1)
             x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
             s_at = builder.add(s_off, b)
             new, newc = [], []
@@ -316,7 +327,7 @@ if HAVE_INT8_DOT:
             xsv = builder.load(builder.gep(ua, [builder.add(s_off, b)]))
             step = builder.mul(b, dstride)
             d4 = _load_scales(builder, dty, da, builder.add(d_off, step), 4)
-            z4 = _load_scales(builder, dty, za, builder.add(z_off, step), 4)
+            z4 = _load_zero_points(builder, sig, 9, dty, za, builder.add(z_off, step), 4)
             s4 = builder.fmul(d4, _lane(builder, builder.insert_element(
                 ir.Constant(v4f, None), sxv, _i32(0)), 0, 4), flags=fast)
             corr1 = builder.fadd(corr, builder.fmul(z4, _lane(builder, builder.insert_element(
@@ -411,7 +422,8 @@ if HAVE_INT8_DOT:
             step = builder.mul(b, dstride)
             at_t = builder.add(t_off, builder.mul(b, _i64(8)))
             dv = _broadcast(builder, _load_scales(builder, dty, da, builder.add(n_off, step), 1))
-            zv = _broadcast(builder, _load_scales(builder, dty, za, builder.add(z_off, step), 1))
+            zv = _broadcast(builder, _load_zero_points(builder, sig, 8, dty, za,
+                                                       builder.add(z_off, step), 1))
             sxv = _load_vec(builder, ta, at_t, v8f)
             xsv = _load_vec(builder, ua, at_t, v8f)
             fast = ("fast",)
@@ -516,6 +528,14 @@ if HAVE_INT8_DOT:
         value = d.dtype != types.float32
         return lambda d: value
 
+    def _symmetric(dz):  # pragma: no cover - typed by the overload below
+        """Whether ``dz`` is :data:`NO_ZERO_POINTS` (the layout has none)."""
+
+    @overload(_symmetric, jit_options={"cache": True})
+    def _symmetric_impl(dz):
+        value = dz.dtype == types.float64
+        return lambda dz: value
+
     def _per_block(w):  # pragma: no cover - typed by the overload below
         """Weight bytes per 32-value block: 16 (uint8, 4-bit) or 32 (int8)."""
 
@@ -525,11 +545,20 @@ if HAVE_INT8_DOT:
         return lambda w: value
 
     @njit(nogil=True, cache=True, inline="always")
-    def _column(n, n_all, nb, per, embedded):  # pragma: no cover - compiled
+    def _column(n, n_all, nb, per, embedded, sym):  # pragma: no cover - compiled
         # (weight offset, weight block stride, scale offset, zero-point offset,
         # scale block stride) of output column n in the layout of pack_i8; the
-        # float16 offsets are in bytes of the weight array
+        # float16 offsets are in bytes of the weight array (sym: embedded
+        # scales without zero points; the zero-point offset is unused)
         g4 = n_all - n_all % 4
+        if sym:
+            grp = 4 * (per + 2)
+            if n < g4:
+                base = (n // 4) * nb * grp
+                at = base + 2 * (n % 4)
+                return base + 8 + (n % 4) * per, grp, at, at, grp
+            base = (g4 // 4) * nb * grp + (n - g4) * nb * (per + 2)
+            return base + 2, per + 2, base, base, per + 2
         if embedded:
             grp = 4 * (per + 4)
             if n < g4:
@@ -556,6 +585,7 @@ if HAVE_INT8_DOT:
         kp = xq.shape[1]
         nb = kp // 32
         emb = _embedded(d)
+        sym = _symmetric(dz)
         per = _per_block(w)
         g4 = n_all - n_all % 4
         wf = w.reshape(-1)
@@ -569,7 +599,7 @@ if HAVE_INT8_DOT:
         grouped = m_rows - m_rows % 4
         if grouped:
             for n in range(lo, hi):
-                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
                 m = 0
                 while m + 8 <= grouped:
                     t8 = _dot8(wf, wb, ws, xf, m * kp, tf, vf, df, zf, m * nb, db, zb, ds, nb)
@@ -585,7 +615,7 @@ if HAVE_INT8_DOT:
         for m in range(grouped, m_rows):
             n = lo
             while n + 4 <= full:
-                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
                 if prefetch:
                     t4 = _group_pf(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds, nb)
                 else:
@@ -594,7 +624,7 @@ if HAVE_INT8_DOT:
                     out[m, n + c] = t4[c]
                 n += 4
             while n < hi:
-                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb)
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
                 out[m, n] = _dot1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds,
                                  nb)
                 n += 1
@@ -710,13 +740,27 @@ def pack_i8(q: np.ndarray, scales: np.ndarray, zps: np.ndarray, bits: int
     if halves is None:
         return (interleave_columns(w).reshape(n, -1), interleave_columns(d),
                 interleave_columns(dz))
+    if bits == 8 and OMIT_ZERO_ZERO_POINTS and not np.any(dz):
+        # every scale * (zero point - 128) is zero (GGUF Q8_0: symmetric
+        # blocks): 34 bytes per block, as the file stores them, not 36
+        e = _embed(w.view(np.uint8), halves[0], None).view(w.dtype)
+        return e, e, NO_ZERO_POINTS
     e = _embed(w.view(np.uint8), *halves).view(w.dtype)
     return e, e, e
+
+
+#: the ``dz`` of an 8-bit layout without zero points (every block symmetric):
+#: its float64 type selects the kernels that skip the correction term
+NO_ZERO_POINTS = np.zeros(0, np.float64)
+NO_ZERO_POINTS.flags.writeable = False
 
 
 #: store float16-exact scales inside the weight stream (False: always the
 #: separate float32 arrays; for comparisons)
 EMBED_HALF_SCALES = True
+#: with embedded scales, leave out 8-bit blocks' scale * zero point terms when
+#: every one is zero (False: always store them; for comparisons)
+OMIT_ZERO_ZERO_POINTS = True
 #: a scale * zero point is stored as float16 when that changes it by at most
 #: this much relative to it (it was a float16 value up to float32 rounding: a
 #: GGUF Q4_1 block's minimum, as the builder writes d * zp = -m)
@@ -737,11 +781,12 @@ def _as_halves(d: np.ndarray, dz: np.ndarray) -> tuple[np.ndarray, np.ndarray] |
     return (d16.view(np.uint16), z16.view(np.uint16)) if ok else None
 
 
-def _embed(w: np.ndarray, d16: np.ndarray, z16: np.ndarray) -> np.ndarray:
+def _embed(w: np.ndarray, d16: np.ndarray, z16: np.ndarray | None) -> np.ndarray:
     """(N, nb, per) uint8 weights and (N, nb) float16 bits -> (N, nb * (per +
     4)) uint8: per group of four columns and block, the four scales, the four
     scale * zero points (float16, little-endian), then the four weight blocks;
-    the last N % 4 columns per block: scale, scale * zero point, weights."""
+    the last N % 4 columns per block: scale, scale * zero point, weights.
+    Without ``z16``: (N, nb * (per + 2)), the same without the zero points."""
     n, nb, per = w.shape
     g4 = n - n % 4
     g = g4 // 4
@@ -758,10 +803,11 @@ def _embed(w: np.ndarray, d16: np.ndarray, z16: np.ndarray) -> np.ndarray:
         return x.view(np.uint8).reshape(n - g4, nb, -1) if n > g4 else np.zeros(
             (0, nb, x.itemsize * x.shape[2]), np.uint8)
 
-    head = np.concatenate([grouped(d16[..., None]), grouped(z16[..., None]), grouped(w)], axis=2)
-    tail = np.concatenate([tail_bytes(d16[..., None]), tail_bytes(z16[..., None]),
-                           tail_bytes(w)], axis=2)
-    return np.concatenate([head.reshape(-1), tail.reshape(-1)]).reshape(n, nb * (per + 4))
+    halves = [d16] if z16 is None else [d16, z16]
+    head = np.concatenate([grouped(x[..., None]) for x in halves] + [grouped(w)], axis=2)
+    tail = np.concatenate([tail_bytes(x[..., None]) for x in halves] + [tail_bytes(w)], axis=2)
+    return np.concatenate([head.reshape(-1), tail.reshape(-1)]).reshape(
+        n, nb * (per + 2 * len(halves)))
 
 
 def gemm_i8(a: np.ndarray, w: np.ndarray, d: np.ndarray, dz: np.ndarray, bits: int,

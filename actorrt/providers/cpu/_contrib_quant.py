@@ -79,7 +79,8 @@ class PackedNBits:
         qi / dz: the int8-activation layout (:func:`._contrib_int8.pack_i8`:
             packed weights and scale * zero point, with ``scales``; all three
             the same uint8/int8 array when float16 scales are embedded in the
-            weight stream), else ``None``.
+            weight stream; ``dz`` the empty ``NO_ZERO_POINTS`` when 8-bit
+            blocks have no zero-point terms), else ``None``.
     """
 
     k: int

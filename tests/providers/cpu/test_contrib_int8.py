@@ -79,14 +79,47 @@ def half_exact(rng, n, k, bits, zp_kind):
 def test_int8_float16_scales_embedded_match_onnxruntime_int8(bits, m, n):
     # float16-exact scales (symmetric: scale * zero point is a power-of-two
     # multiple) are stored as float16 inside the weight stream (0.625 bytes
-    # per 4-bit weight); four-column groups and their tails
+    # per 4-bit weight); four-column groups and their tails. 8-bit blocks
+    # with the default zero point (128: every scale * (zp - 128) zero) leave
+    # the zero-point terms out (34 bytes a block, GGUF Q8_0's size)
     rng = np.random.default_rng(bits * 1000 + m * 10 + n)
     k = 576
     b, s, zp = half_exact(rng, n, k, bits, "none")
     p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=bits, block_size=32, use_numba=True, int8=True)
-    assert p.qi is p.scales is p.dz and p.qi.shape == (n, (k // 32) * ((32 * bits // 8) + 4))
+    assert p.qi is p.scales
+    if bits == 8:
+        assert p.dz is ci.NO_ZERO_POINTS and p.qi.shape == (n, (k // 32) * 34)
+    else:
+        assert p.dz is p.qi and p.qi.shape == (n, (k // 32) * 20)
     a = (rng.standard_normal((m, k)) * rng.choice([0.1, 1.0, 30.0], (m, k))).astype(np.float32)
     model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=bits, block_size=32, accuracy_level=4)
+    (want,) = run_onnxruntime(model, feeds)
+    (got,) = run_actorrt(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_int8
+@pytest.mark.parametrize("m", [1, 4, 9])
+@pytest.mark.parametrize("zeros", ["all", "one", "none"])
+def test_int8_8bit_zero_point_terms_kept_unless_all_zero(m, zeros):
+    # 8-bit, float16 scales: packed zero points 128 + 2^j make every scale *
+    # (zp - 128) a float16 value (36 bytes a block, terms embedded); with
+    # every zero point 128 but one the terms stay; all 128: left out
+    rng = np.random.default_rng(60 + m)
+    k, n = 576, 70
+    b, s, _ = quantized(rng, n, k, 8, 32, "none")
+    s = s.astype(np.float16).astype(np.float32)
+    zp = np.full((n, k // 32), 128, np.uint8)
+    if zeros == "none":
+        zp = (128 + rng.choice([-4, -1, 1, 2, 8], zp.shape)).astype(np.uint8)
+    elif zeros == "one":
+        zp[n - 1, 3] = 130  # in the tail column (70 = 17 groups of four + 2)
+    p = cq.pack_nbits(b, s, zp, k=k, n=n, bits=8, block_size=32, use_numba=True, int8=True)
+    assert p.qi is p.scales
+    assert (p.dz is ci.NO_ZERO_POINTS) == (zeros == "all")
+    assert p.qi.shape == (n, (k // 32) * (34 if zeros == "all" else 36))
+    a = (rng.standard_normal((m, k)) * rng.choice([0.1, 1.0, 30.0], (m, k))).astype(np.float32)
+    model, feeds = mnb_model(a, b, s, zp, K=k, N=n, bits=8, block_size=32, accuracy_level=4)
     (want,) = run_onnxruntime(model, feeds)
     (got,) = run_actorrt(model, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

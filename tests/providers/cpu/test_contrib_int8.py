@@ -358,3 +358,46 @@ def test_rounding_ties_are_half_even_in_float32_however_the_quantizer_was_compil
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) == pytest.approx(88 * float(scale), rel=1e-6)  # not 89 * scale
+
+
+def _root(a):
+    while a.base is not None:
+        a = a.base
+    return a
+
+
+def test_packed_weights_share_a_huge_page_slab(monkeypatch):
+    # prepacked weights below a quarter slab are copied into one shared,
+    # 2 MiB-aligned buffer (transparent huge pages), 64-byte aligned each;
+    # same values as their own allocations; a slab dies with its arrays
+    import gc
+    rng = np.random.default_rng(7)
+    mats = [quantized(rng, n, 64, bits, 32, "packed") for n, bits in ((8, 4), (12, 8), (5, 4))]
+
+    def pack_all():
+        out = []
+        for (b, s, zp), bits in zip(mats, (4, 8, 4)):
+            nb = 2
+            z = cq._zero_points(zp, n=b.shape[0], nb=nb, bits=bits)
+            out.append(ci.pack_i8(b.reshape(b.shape[0], nb, -1), s, z, bits))
+        return out
+
+    monkeypatch.setattr(ci, "_slab", [None, 0])
+    packed = pack_all()
+    roots = {id(_root(a)) for triple in packed for a in triple}
+    assert len(roots) == 1
+    slab = _root(packed[0][0])
+    assert slab.nbytes == ci.SLAB_BYTES + 2 ** 21
+    for triple in packed:
+        for a in triple:
+            assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous
+    monkeypatch.setattr(ci, "SLAB_BYTES", 0)  # every array its own allocation
+    alone = pack_all()
+    for x, y in zip(packed, alone):
+        for a, b in zip(x, y):
+            assert _root(b) is not slab
+            np.testing.assert_array_equal(a, b)
+    ref = ci._slab[0]
+    del packed, slab, roots, x, a, triple
+    gc.collect()
+    assert ref() is None

@@ -58,7 +58,7 @@ from ... import tracing
 from .._contract import Kernel, NodeSpec
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
-from ._prologue import run_original
+from ._fused import StepGraph, run_original, slot_names
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
            "FUSED_OP", "STACK_OP", "FUSED_DOMAIN"]
@@ -561,34 +561,7 @@ def _is(step: Any, op: str, domain: str = MS) -> bool:
     return step.node.op_type == op and (step.node.domain or "") == domain
 
 
-class _Graph:
-    """Producer/consumer maps over a plan's steps (by slot)."""
-
-    def __init__(self, steps: Sequence[Any], protected: set[int]):
-        self.producer: dict[int, Any] = {}
-        self.consumers: dict[int, list] = {}
-        self.protected = protected
-        for st in steps:
-            for o in st.outputs:
-                if o >= 0:
-                    self.producer[o] = st
-            for i in list(st.inputs) + [sl for _, sl in st.outer]:
-                if i >= 0:
-                    self.consumers.setdefault(i, []).append(st)
-
-    def only_reader(self, slot: int) -> Any:
-        """The single step reading ``slot`` (once), when ``slot`` is no graph output."""
-        readers = self.consumers.get(slot, [])
-        if slot in self.protected or len(readers) != 1:
-            return None
-        st = readers[0]
-        return st if list(st.inputs).count(slot) == 1 else None
-
-    def unused(self, slot: int) -> bool:
-        return slot < 0 or (slot not in self.protected and not self.consumers.get(slot))
-
-
-def _skip_norm(g: _Graph, step: Any, x: int) -> tuple[int, np.ndarray, float] | None:
+def _skip_norm(g: StepGraph, step: Any, x: int) -> tuple[int, np.ndarray, float] | None:
     """(skip slot, gamma, epsilon) of a SkipSimplifiedLayerNormalization that
     adds ``x`` (input 0 or 1) to a skip, gamma constant float32, no bias and
     unused mean/inv_std_var; else None."""
@@ -609,7 +582,7 @@ def _skip_norm(g: _Graph, step: Any, x: int) -> tuple[int, np.ndarray, float] | 
     return skip, np.ascontiguousarray(gamma), float(step.node.attr("epsilon", 1e-12))
 
 
-def _match(g: _Graph, gqa: Any) -> dict | None:
+def _match(g: StepGraph, gqa: Any) -> dict | None:
     """The decoder block around one GroupQueryAttention step, or None."""
     prep = gqa.kernel.fast_path() if hasattr(gqa.kernel, "fast_path") else None
     ins = gqa.inputs
@@ -672,7 +645,7 @@ def _match(g: _Graph, gqa: Any) -> dict | None:
                 outputs=(norm3.outputs[0], norm3.outputs[3], present_k, present_v))
 
 
-def _silu_mlp(g: _Graph, readers: list) -> tuple | None:
+def _silu_mlp(g: StepGraph, readers: list) -> tuple | None:
     """(gate step, up step, [Sigmoid, Mul, Mul] steps, product slot) of
     ``Mul(Mul(gate, Sigmoid(gate)), up)`` (either operand order), or None."""
     for gate, up in (readers, readers[::-1]):
@@ -979,7 +952,7 @@ def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..
 
     Returns ``(steps, fusions)`` as :func:`fuse_decoder_blocks` does, one
     ``(stack name, block names)`` per stack."""
-    g = _Graph(steps, protected)
+    g = StepGraph(steps, protected)
     runs: list[list] = []
     for st in steps:
         if not isinstance(st.kernel, DecoderBlock) or st.kernel.match["variant"] != "i8":
@@ -1022,13 +995,7 @@ def _stack_step(run: list, make_step: Callable[..., Any]) -> Any:
     kv_out = [o for b in run for o in b.outputs[2:4]]
     in_slots = (*first.inputs[:2], *first.inputs[4:8], *kv_in)
     out_slots = (*last.outputs[:2], *kv_out)
-    names: dict[int, str] = {}
-    types: dict[int, Any] = {}
-    for b in run:
-        names.update(zip(b.inputs, b.node.inputs))
-        names.update(zip(b.outputs, b.node.outputs))
-        types.update(zip(b.inputs, b.node.input_types))
-        types.update(zip(b.outputs, b.node.output_types))
+    names, types = slot_names(run)
     base = [b.node.name.rsplit("/", 1)[0] for b in (first, last)]
     common = len(os.path.commonprefix(base))
     while common and base[1][common - 1].isdigit():  # "layers.0".."layers.29": "layers."
@@ -1067,7 +1034,7 @@ def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any]
     """
     if not _BLOCKS:
         return steps, []
-    g = _Graph(steps, protected)
+    g = StepGraph(steps, protected)
     taken: dict[int, dict] = {}
     for st in steps:
         if not _is(st, "GroupQueryAttention"):
@@ -1102,13 +1069,7 @@ def _fused_step(mt: dict, consts: dict[int, Any], make_step: Callable[..., Any])
     base = gqa.node.name.rsplit("/", 2)[0] if gqa.node.name.count("/") >= 2 else gqa.node.name
     name = base + "/DecoderBlock"
     in_slots, out_slots = tuple(mt["inputs"]), tuple(mt["outputs"])
-    names: dict[int, str] = {}
-    types: dict[int, Any] = {}
-    for sub in subs:
-        names.update(zip(sub.inputs, sub.node.inputs))
-        names.update(zip(sub.outputs, sub.node.outputs))
-        types.update(zip(sub.inputs, sub.node.input_types))
-        types.update(zip(sub.outputs, sub.node.output_types))
+    names, types = slot_names(subs)
     mt["node_names"] = [s.node.name for s in subs]
     node = NodeSpec(name=name, op_type=FUSED_OP, domain=FUSED_DOMAIN, opset=1,
                     attrs={"fused_nodes": list(mt["node_names"]), "variant": mt["variant"]},

@@ -37,12 +37,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ... import tracing
-from ..._errors import ActorRTError, KernelError
 from .._contract import Kernel, NodeSpec
 from . import _contrib_numba as _nb
+from ._fused import StepGraph, run_original, slot_names
 
-__all__ = ["MaskLengths", "QuantizedGather", "fuse_prologue", "run_original",
-           "MASK_OP", "GATHER_OP"]
+__all__ = ["MaskLengths", "QuantizedGather", "fuse_prologue", "MASK_OP", "GATHER_OP"]
 
 #: op types of the fused steps (plan-internal, domain ``ai.actorrt``)
 MASK_OP = "MaskLengths"
@@ -74,34 +73,6 @@ if _nb.HAVE_NUMBA:
                 for j in range(table.shape[2]):
                     out[i, b, j] = (np.float32(table[r, b, j]) - zero) * s
         return 0
-
-
-def run_original(fused: NodeSpec, sub_steps: Sequence[Any], consts: dict[int, Any],
-                 in_slots: Sequence[int], out_slots: Sequence[int], inputs: Sequence[Any]
-                 ) -> tuple:
-    """Run a fused step's original kernels one after another (their compiled
-    callables) on ``inputs`` (one per ``in_slots``); the values of
-    ``out_slots``. Errors name the original node."""
-    env: dict[int, Any] = {s: v for s, v in zip(in_slots, inputs) if s >= 0}
-    for st in sub_steps:
-        args = [None if i < 0 else (env[i] if i in env else consts[i]) for i in st.inputs]
-        try:
-            r = st.fn(*args)
-        except ActorRTError as e:
-            if e.node is None:
-                e.node = st.node.name
-            raise
-        except MemoryError:
-            raise
-        except Exception as e:
-            raise KernelError(f"{st.node.op_type} kernel (fused into {fused.name}) failed: "
-                              f"{type(e).__name__}: {e}", op_type=st.node.op_type,
-                              model=st.node.model, node=st.node.name) from e
-        outs = r if st.kernel.multi_output else (r,)
-        for slot, v in zip(st.outputs, outs):
-            if slot >= 0:
-                env[slot] = v
-    return tuple(env.get(s) for s in out_slots)
 
 
 class _Fused(Kernel):
@@ -256,32 +227,13 @@ def _scalar(step: Any, i: int, dtype: Any) -> Any:
     return v.reshape(-1)[0]
 
 
-class _Readers:
-    def __init__(self, steps: Sequence[Any], protected: set[int]):
-        self.producer: dict[int, Any] = {}
-        self.consumers: dict[int, list] = {}
-        self.protected = protected
-        for st in steps:
-            for o in st.outputs:
-                if o >= 0:
-                    self.producer[o] = st
-            for i in list(st.inputs) + [sl for _, sl in st.outer]:
-                if i >= 0:
-                    self.consumers.setdefault(i, []).append(st)
-
-    def only(self, slot: int) -> Any:
-        """The single step reading ``slot`` (once), when it is no graph output."""
-        rs = self.consumers.get(slot, [])
-        if slot in self.protected or len(rs) != 1 or list(rs[0].inputs).count(slot) != 1:
-            return None
-        return rs[0]
-
+class _Readers(StepGraph):
     def next(self, step: Any, op: str, *, index: int = 0) -> Any:
         """The only reader of ``step``'s single output, when it is an ``op``
         (ai.onnx) reading it as input ``index``."""
         if len(step.outputs) != 1:
             return None
-        r = self.only(step.outputs[0])
+        r = self.only_reader(step.outputs[0])
         if r is None or not _is(r, op) or r.outer:
             return None
         if index >= 0 and (len(r.inputs) <= index or r.inputs[index] != step.outputs[0]):
@@ -344,7 +296,7 @@ def _match_gather(g: _Readers, gq: Any) -> dict | None:
         return None
     other = mul.inputs[1] if mul.inputs[0] == sub.outputs[0] else mul.inputs[0]
     unsq = g.producer.get(other)
-    if unsq is None or not _is(unsq, "Unsqueeze") or g.only(other) is not mul:
+    if unsq is None or not _is(unsq, "Unsqueeze") or g.only_reader(other) is not mul:
         return None
     axes = _const(unsq, 1) if len(unsq.inputs) > 1 else None
     if axes is None:
@@ -354,7 +306,7 @@ def _match_gather(g: _Readers, gq: Any) -> dict | None:
         return None
     gs = g.producer.get(unsq.inputs[0])
     scales = _const(gs, 0) if gs is not None and _is(gs, "Gather") else None
-    if (scales is None or g.only(unsq.inputs[0]) is not unsq or gs.inputs[1] != ids
+    if (scales is None or g.only_reader(unsq.inputs[0]) is not unsq or gs.inputs[1] != ids
             or gs.node.attr("axis", 0) != 0 or scales.dtype != np.float32
             or scales.shape != table.shape[:2]):
         return None
@@ -417,13 +369,7 @@ def fuse_prologue(steps: list, protected: set[int], consts: dict[int, Any],
 
 def _step(mt: dict, consts: dict[int, Any], make_step: Callable[..., Any]) -> Any:
     subs = mt["steps"]  # in topological order
-    names: dict[int, str] = {}
-    types: dict[int, Any] = {}
-    for sub in subs:
-        names.update(zip(sub.inputs, sub.node.inputs))
-        names.update(zip(sub.outputs, sub.node.outputs))
-        types.update(zip(sub.inputs, sub.node.input_types))
-        types.update(zip(sub.outputs, sub.node.output_types))
+    names, types = slot_names(subs)
     in_slots, out_slots = tuple(mt["inputs"]), tuple(mt["outputs"])
     base = subs[0].node.name.rsplit("/", 1)[0] if "/" in subs[0].node.name else \
         subs[0].node.name

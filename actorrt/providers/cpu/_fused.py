@@ -5,12 +5,12 @@ running the original kernels when a value leaves a fused fast path."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..._errors import ActorRTError, KernelError
 from .._contract import NodeSpec
 
-__all__ = ["StepGraph", "slot_names", "run_original"]
+__all__ = ["StepGraph", "slot_names", "run_original", "replace_groups"]
 
 
 class StepGraph:
@@ -39,6 +39,47 @@ class StepGraph:
 
     def unused(self, slot: int) -> bool:
         return slot < 0 or (slot not in self.protected and not self.consumers.get(slot))
+
+    def read_early(self, members: Sequence[Any], outputs: Sequence[int],
+                   pos: dict[int, int]) -> bool:
+        """Whether a step outside ``members`` reads one of ``outputs`` before
+        the last member runs (``pos``: step id -> position), so the fused step,
+        run where the last member ran, would come too late for it."""
+        end = max(pos[id(s)] for s in members)
+        return any(pos[id(r)] < end and r not in members
+                   for o in outputs if o >= 0 for r in self.consumers.get(o, []))
+
+
+def positions(steps: Sequence[Any]) -> dict[int, int]:
+    """step id -> position in ``steps`` (steps a fusion made are not numbered yet)."""
+    return {id(st): i for i, st in enumerate(steps)}
+
+
+def replace_groups(steps: Sequence[Any], groups: Sequence[tuple[Sequence[Any], Any]],
+                   build: Callable[[Any], Any]) -> tuple[list, list[tuple[str, tuple]]]:
+    """``steps`` with each group's members (disjoint) replaced by
+    ``build(payload)``, placed where the group's last member ran; and per
+    group ``(fused node name, member node names in order)``."""
+    if not groups:
+        return list(steps), []
+    pos = positions(steps)
+    member: dict[int, int] = {}
+    for gi, (members, _) in enumerate(groups):
+        for st in members:
+            member[id(st)] = gi
+    last = [max(members, key=lambda st: pos[id(st)]) for members, _ in groups]
+    out: list = []
+    fusions: list[tuple[str, tuple]] = []
+    for st in steps:
+        gi = member.get(id(st))
+        if gi is None:
+            out.append(st)
+        elif last[gi] is st:
+            members, payload = groups[gi]
+            out.append(build(payload))
+            names = tuple(m.node.name for m in sorted(members, key=lambda m: pos[id(m)]))
+            fusions.append((out[-1].node.name, names))
+    return out, fusions
 
 
 def slot_names(steps: Sequence[Any]) -> tuple[dict[int, str], dict[int, Any]]:

@@ -58,7 +58,7 @@ from ... import tracing
 from .._contract import Kernel, NodeSpec
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
-from ._fused import StepGraph, run_original, slot_names
+from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
            "FUSED_OP", "STACK_OP", "FUSED_DOMAIN"]
@@ -964,29 +964,13 @@ def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..
             runs[-1].append(st)
         else:
             runs.append([st])
-    taken: dict[int, list] = {}
+    pos = positions(steps)
+    groups = []
     for run in runs:
-        if len(run) < 2:
-            continue
-        end = run[-1].index
         outs = [o for b in run for o in b.outputs[2:4]] + list(run[-1].outputs[:2])
-        if any(r.index < end and r not in run for o in outs if o >= 0
-               for r in g.consumers.get(o, [])):
-            continue  # a reader of an output would run before the stack
-        for b in run:
-            taken[id(b)] = run
-    if not taken:
-        return steps, []
-    out: list = []
-    fusions: list[tuple[str, tuple]] = []
-    for st in steps:
-        run = taken.get(id(st))
-        if run is None:
-            out.append(st)
-        elif run[-1] is st:
-            out.append(_stack_step(run, make_step))
-            fusions.append((out[-1].node.name, tuple(b.node.name for b in run)))
-    return out, fusions
+        if len(run) >= 2 and not g.read_early(run, outs, pos):
+            groups.append((run, run))
+    return replace_groups(steps, groups, lambda run: _stack_step(run, make_step))
 
 
 def _stack_step(run: list, make_step: Callable[..., Any]) -> Any:
@@ -1035,32 +1019,19 @@ def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any]
     if not _BLOCKS:
         return steps, []
     g = StepGraph(steps, protected)
-    taken: dict[int, dict] = {}
+    pos = positions(steps)
+    taken: set[int] = set()
+    groups = []
     for st in steps:
         if not _is(st, "GroupQueryAttention"):
             continue
         mt = _match(g, st) if st.provider is provider else None
-        if mt is None or any(id(s) in taken for s in mt["steps"]):
+        if (mt is None or any(id(s) in taken for s in mt["steps"])
+                or g.read_early(mt["steps"], mt["outputs"], pos)):
             continue
-        end = max(s.index for s in mt["steps"])
-        if any(r.index < end and r not in mt["steps"]
-               for o in mt["outputs"] for r in g.consumers.get(o, [])):
-            continue  # a reader of an output would run before the block
-        for s in mt["steps"]:
-            taken[id(s)] = mt
-    if not taken:
-        return steps, []
-    last = {id(mt): max(mt["steps"], key=lambda s: s.index) for mt in taken.values()}
-    out: list = []
-    fusions: list[tuple[str, tuple]] = []
-    for st in steps:
-        mt = taken.get(id(st))
-        if mt is None:
-            out.append(st)
-        elif last[id(mt)] is st:  # the block runs where its last node ran
-            out.append(_fused_step(mt, consts, make_step))
-            fusions.append((out[-1].node.name, tuple(mt["node_names"])))
-    return out, fusions
+        taken.update(id(s) for s in mt["steps"])
+        groups.append((mt["steps"], mt))  # the block runs where its last node ran
+    return replace_groups(steps, groups, lambda mt: _fused_step(mt, consts, make_step))
 
 
 def _fused_step(mt: dict, consts: dict[int, Any], make_step: Callable[..., Any]) -> Any:

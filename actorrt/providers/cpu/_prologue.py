@@ -39,7 +39,7 @@ import numpy as np
 from ... import tracing
 from .._contract import Kernel, NodeSpec
 from . import _contrib_numba as _nb
-from ._fused import StepGraph, run_original, slot_names
+from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
 
 __all__ = ["MaskLengths", "QuantizedGather", "fuse_prologue", "MASK_OP", "GATHER_OP"]
 
@@ -331,10 +331,9 @@ def fuse_prologue(steps: list, protected: set[int], consts: dict[int, Any],
     fusions)``, the new topological step list and, per fused step, ``(fused
     node name, original node names)``."""
     g = _Readers(steps, protected)
-    # positions in this list: steps made by an earlier fusion are not numbered yet
-    pos = {id(st): i for i, st in enumerate(steps)}
-    found: list[dict] = []
+    pos = positions(steps)
     taken: set[int] = set()
+    groups = []
     for st in steps:
         if st.provider is not provider:
             continue
@@ -343,28 +342,13 @@ def fuse_prologue(steps: list, protected: set[int], consts: dict[int, Any],
             mt = _match_mask(g, st)
         elif _is(st, "Gather"):
             mt = _match_gather(g, st)
-        if mt is None or any(id(s) in taken for s in mt["steps"]):
+        if (mt is None or any(id(s) in taken for s in mt["steps"])
+                or g.read_early(mt["steps"], mt["outputs"], pos)):
             continue
-        mt["steps"].sort(key=lambda s: pos[id(s)])
-        end = pos[id(mt["steps"][-1])]
-        if any(pos[id(r)] < end and r not in mt["steps"]
-               for o in mt["outputs"] for r in g.consumers.get(o, [])):
-            continue  # a reader of an output would run before the fused step
+        mt["steps"].sort(key=lambda s: pos[id(s)])  # topological order
         taken.update(id(s) for s in mt["steps"])
-        found.append(mt)
-    if not found:
-        return steps, []
-    last = {id(mt["steps"][-1]): mt for mt in found}
-    out: list = []
-    fusions: list[tuple[str, tuple]] = []
-    for st in steps:
-        mt = last.get(id(st))
-        if mt is not None:
-            out.append(_step(mt, consts, make_step))
-            fusions.append((out[-1].node.name, tuple(s.node.name for s in mt["steps"])))
-        elif id(st) not in taken:
-            out.append(st)
-    return out, fusions
+        groups.append((mt["steps"], mt))
+    return replace_groups(steps, groups, lambda mt: _step(mt, consts, make_step))
 
 
 def _step(mt: dict, consts: dict[int, Any], make_step: Callable[..., Any]) -> Any:

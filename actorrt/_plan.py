@@ -17,6 +17,7 @@ A plan is built once per session (and once per control-flow subgraph):
 from __future__ import annotations
 
 import itertools
+import operator
 import sys
 import traceback
 from typing import Any, Callable, Sequence
@@ -262,6 +263,7 @@ class Plan:
         self.tracer = None
         self._input_index = {}
         self._fast_checks: dict | None = None
+        self._gather_outputs: Callable | None = None
         #: (fused node name, names of the nodes it replaced), one per fusion
         self.fusions: list[tuple[str, tuple[str, ...]]] = []
 
@@ -270,6 +272,19 @@ class Plan:
         return [None] * self.nslots
 
     def collect_outputs(self, env: list, indices: Sequence[int] | None = None) -> list:
+        if indices is None and not self.output_consts and not self.mixed:
+            # every output: one C-level gather (an LLM's 60 KV outputs a step)
+            get = self._gather_outputs
+            if get is None:
+                slots = [o.slot for o in self.outputs]
+                get = self._gather_outputs = (
+                    (lambda env: [env[slots[0]]]) if len(slots) == 1 else
+                    (lambda env, _g=operator.itemgetter(*slots): list(_g(env))) if slots
+                    else (lambda env: []))
+            res = get(env)
+            if not any(issubclass(t, np.generic) for t in set(map(type, res))):
+                return res
+            return [np.asarray(v) if isinstance(v, np.generic) else v for v in res]
         outs = self.outputs if indices is None else [self.outputs[i] for i in indices]
         res = []
         for o in outs:
@@ -322,11 +337,64 @@ class Plan:
                            node=node.name if node else None)
 
     # ------------------------------------------------------------ feeds
-    def bind_feeds(self, feeds: dict, env: list, donate: frozenset = frozenset()) -> None:
+    def carry_slots(self, pairs: Sequence[tuple[str, str]]) -> tuple:
+        """``(input name, input slot, output position)`` for each ``(input
+        name, output name)`` pair of a run loop's ``carry``.
+
+        Raises:
+            InvalidArgumentError: an unknown input or output name.
+        """
+        outputs = {o.name: i for i, o in enumerate(self.outputs)}
+        res = []
+        for name, out in pairs:
+            spec = self._input_index.get(name)
+            if spec is None:
+                raise InvalidArgumentError(
+                    f"carry names unknown input {name!r}", input=name,
+                    expected=f"one of {[i.name for i in self.inputs]}", got=repr(name),
+                    model=self.model_name)
+            if out not in outputs:
+                raise InvalidArgumentError(
+                    f"carry names unknown output {out!r} (for input {name!r})", input=name,
+                    expected=f"one of {list(outputs)}", got=repr(out), model=self.model_name)
+            res.append((name, spec.slot, outputs[out]))
+        return tuple(res)
+
+    def bind_carried(self, carry: tuple, outputs: list, feeds: dict, env: list,
+                     donate: frozenset, last: dict) -> dict:
+        """Store the previous run's outputs in ``env`` as the carried inputs
+        (``carry`` from :meth:`carry_slots`) that ``feeds`` does not name. A
+        value is checked as a feed unless it is the object ``last`` (this
+        method's previous result: input name -> value) holds for its input.
+
+        Returns:
+            input name -> the value bound.
+
+        Raises:
+            InvalidArgumentError: as :meth:`bind_feeds`.
+        """
+        bound = {}
+        donatable = self.donatable
+        for name, slot, at in carry:
+            if name in feeds:
+                continue
+            value = outputs[at]
+            bound[name] = value
+            if value is not last.get(name):
+                value = _check_value(self._input_index[name], value, self.model_name)
+            if slot in donatable and name not in donate and isinstance(value, np.ndarray):
+                value = value.view()  # kernels writing in place see it read-only
+                value.flags.writeable = False
+            env[slot] = value
+        return bound
+
+    def bind_feeds(self, feeds: dict, env: list, donate: frozenset = frozenset(),
+                   preset: Sequence[str] = ()) -> None:
         """Validate ``feeds`` against the graph inputs and store them in ``env``.
 
         ``donate`` names inputs whose buffers in-place kernels may overwrite
-        (others are passed read-only to such kernels).
+        (others are passed read-only to such kernels); ``preset`` names inputs
+        already stored (:meth:`bind_carried`), not missing.
 
         Raises:
             InvalidArgumentError: unknown or missing input, wrong type, dtype, rank
@@ -370,9 +438,9 @@ class Plan:
                 value = value.view()  # kernels that write in place see it read-only
                 value.flags.writeable = False
             env[spec.slot] = value
-        if len(feeds) != len(self.inputs):
+        if len(feeds) + len(preset) != len(self.inputs):
             for spec in self.inputs:
-                if spec.name not in feeds:
+                if spec.name not in feeds and spec.name not in preset:
                     if spec.has_default:
                         env[spec.slot] = spec.default
                     elif spec.type.kind == "optional":

@@ -139,6 +139,66 @@ def test_closed_session_raises_session_closed():
         sess.run(None, {"x": np.ones((1, 3), np.float32)})
 
 
+def _state_model():
+    """acc = state + x; cast = Cast(acc, int64): a running sum whose ``acc``
+    output becomes the next run's ``state`` input."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as oh
+    f = TP.FLOAT
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["state", "x"], ["acc"]),
+         oh.make_node("Cast", ["acc"], ["cast"], to=TP.INT64)],
+        "state", [oh.make_tensor_value_info("x", f, [2, 3]),
+                  oh.make_tensor_value_info("state", f, ["batch", 3])],
+        [oh.make_tensor_value_info("acc", f, ["batch", 3]),
+         oh.make_tensor_value_info("cast", TP.INT64, ["batch", 3])])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+async def test_run_many_carries_outputs_to_inputs():
+    # carry={"state": "acc"}: from the second run on, state is the previous
+    # run's acc without being fed; a feed for it wins. Values: numpy's sum
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    s0 = np.full((2, 3), 0.5, np.float32)
+    seen, fed = [], []
+
+    def next_feeds(outs):
+        if outs is not None:
+            seen.append(outs[0].copy())
+        if len(seen) == 6:
+            return None
+        feeds = {"x": x}
+        if outs is None or len(seen) == 3:  # the first run, and an override
+            feeds["state"] = s0
+            fed.append(len(seen))
+        return feeds
+
+    async with actorrt.open_session(_state_model()) as s:
+        assert await s.run_many(next_feeds, carry={"state": "acc"}) == 6
+        want, got = s0, []
+        for i in range(6):
+            want = (s0 if i in fed else want) + x
+            got.append(want)
+        assert fed == [0, 3]
+        for g, w in zip(seen, got):
+            np.testing.assert_array_equal(g, w)
+        # unknown names, and a carried output that does not fit its input
+        for carry, match in (({"nope": "acc"}, "unknown input 'nope'"),
+                             ({"state": "nope"}, "unknown output 'nope'")):
+            with pytest.raises(actorrt.InvalidArgumentError, match=match):
+                await s.run_many(lambda outs: None, carry=carry)
+        runs = []
+
+        def feeds_twice(outs):
+            runs.append(outs)
+            return {"x": x, "state": s0} if outs is None else {"x": x}
+
+        with pytest.raises(actorrt.InvalidArgumentError, match="state"):
+            await s.run_many(feeds_twice, carry={"state": "cast"})  # int64 into float
+        assert len(runs) == 2  # the first run, then the check before the second
+
+
 async def test_provider_memory_returns_to_zero_after_close():
     async with actorrt.open_session(two_branch()) as s:
         cpu = s._providers[0]

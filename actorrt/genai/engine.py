@@ -214,6 +214,8 @@ class Engine:
         self._output_index: tuple[int, list[int]] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
                           for kv in ("key", "value")]
+        self._present_names = [f"present.{layer}.{kv}" for layer in self._layers
+                               for kv in ("key", "value")]
         self._host = next(p for p in session._providers if p.name == "cpu")
         self._inbox_send, self._inbox = trio.open_memory_channel(math.inf)
         self._waiting: deque[_Request] = deque()
@@ -555,7 +557,7 @@ class Engine:
         lengths = [r.length for r in reqs]
         counts = [len(r.generated) for r in reqs]
         pending = [r.pending for r in reqs]
-        state = {"kv": self._batch_kv, "steps": 0}
+        state = {"kv": self._batch_kv, "steps": 0, "outs": None}
         token = trio.lowlevel.current_trio_token()
         limit = self.decode_run_steps
         # greedy without a repetition penalty: the sampler's argmax, called directly
@@ -576,10 +578,13 @@ class Engine:
             unsent.clear()
             last_sent[0] = time.perf_counter()
 
+        at_logits = self._split_index()[0]
+        carry = dict(zip(self._kv_names, self._present_names))
+
         def next_feeds(outs: list | None) -> dict | None:
             if outs is not None:
-                logits, kv = self._split_outputs(outs)
-                state["kv"] = kv
+                logits = outs[at_logits]
+                state["outs"] = outs  # the KV cache after the last step
                 state["steps"] += 1
                 tokens: list = []
                 finished = False
@@ -619,10 +624,15 @@ class Engine:
             mask = masks[:, :max(lengths) + 1]
             if len(reqs) > 1:
                 mask = np.ascontiguousarray(mask)
-            return self._feeds(ids, mask, state["kv"])
+            if outs is None:
+                return self._feeds(ids, mask, state["kv"])
+            # the KV cache: the last step's present outputs (carried)
+            return {"input_ids": ids, "attention_mask": mask}
 
         self._decode_mark = t0
-        await self.session.run_many(next_feeds, donate=self._kv_names)
+        await self.session.run_many(next_feeds, donate=self._kv_names, carry=carry)
+        if state["outs"] is not None:
+            state["kv"] = self._split_outputs(state["outs"])[1]
         # every step's tokens were handed over (and counted) before this:
         # run_sync_soon is FIFO
         if self._batch is reqs:
@@ -656,14 +666,17 @@ class Engine:
             self._emit(r, tid)
             self._decode_tokens += 1
 
-    def _split_outputs(self, outs: list) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(logits, [present key, value of each layer]) of a run's outputs."""
+    def _split_index(self) -> tuple[int, list[int]]:
+        """Positions of ``logits`` and of each layer's present key and value
+        among the model's outputs."""
         if self._output_index is None:
             where = {o.name: i for i, o in enumerate(self.session.get_outputs())}
-            self._output_index = (where["logits"], [
-                where[f"present.{layer}.{kv}"] for layer in self._layers
-                for kv in ("key", "value")])
-        logits, kv = self._output_index
+            self._output_index = (where["logits"], [where[n] for n in self._present_names])
+        return self._output_index
+
+    def _split_outputs(self, outs: list) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits, [present key, value of each layer]) of a run's outputs."""
+        logits, kv = self._split_index()
         return outs[logits], [outs[i] for i in kv]
 
     def _sample(self, req: _Request, row: np.ndarray, history: list[int]) -> int | None:

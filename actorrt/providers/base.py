@@ -140,11 +140,15 @@ class RunLoop:
             the previous run's outputs (``None`` before the first run): the
             next run's feeds, or ``None`` to stop.
         donate: names of inputs whose buffers in-place kernels may overwrite.
+        carry: ``(input name, output name)`` pairs: from the second run on,
+            the input takes the previous run's output unless the feeds name
+            it (see :meth:`actorrt.Session.run_many`).
     """
 
     plan: Any
     next_feeds: Any
     donate: frozenset = frozenset()
+    carry: tuple = ()
 
 
 @attrs.define(eq=False)
@@ -439,12 +443,17 @@ class _Worker(Actor):
         plan, provider = message.plan, self.provider
         outputs = None
         runs = 0
+        carry = plan.carry_slots(message.carry) if message.carry else ()
+        carried: dict = {}
         while True:
             feeds = message.next_feeds(outputs)
             if feeds is None:
                 return runs
             env = plan.new_env()
-            plan.bind_feeds(feeds, env, message.donate)
+            if outputs is not None and carry:
+                carried = plan.bind_carried(carry, outputs, feeds, env, message.donate,
+                                            carried)
+            plan.bind_feeds(feeds, env, message.donate, carried)
             try:
                 for seg in plan.segments:
                     provider._segments_run += 1

@@ -291,6 +291,71 @@ if HAVE_NUMBA:
                     out[b, s, hh * d + j] = acc[i, j]
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _attend_span(query, pk, pv, cos, sin, pos, b, kh, g, d, r2, rotary, interleaved, alpha,
+                     lo, hi, qg, sc, part):  # pragma: no cover - compiled
+        # one span of a decode step's attention (query position 0 of batch
+        # row b, the g heads sharing KV head kh) over cached rows [lo, hi),
+        # hi > lo, unnormalised, for _merge_spans: part[i, :d] = sum over t of
+        # e^(s_t - m) v_t, part[i, d] = m (the span's largest score),
+        # part[i, d + 1] = sum over t of e^(s_t - m). Spans of one (b, kh) on
+        # different threads split a long cache (flash-decoding)
+        p = pos[b, 0]
+        for i in range(g):
+            hh = kh * g + i
+            for j in range(d):
+                qg[i, j] = query[b, 0, hh * d + j]
+            if rotary:
+                _rotate(qg[i], cos[p], sin[p], r2, interleaved)
+            part[i, d] = np.float32(-np.inf)
+        for t in range(lo, hi):
+            kr = pk[b, kh, t]
+            for i in range(g):
+                qi = qg[i]
+                dot = np.float32(0.0)
+                for j in range(d):
+                    dot += qi[j] * kr[j]
+                dot *= alpha
+                sc[i, t - lo] = dot
+                part[i, d] = max(part[i, d], dot)
+        for i in range(g):
+            m_i = part[i, d]
+            tot_e = np.float32(0.0)
+            for t in range(hi - lo):
+                e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
+                sc[i, t] = e
+                tot_e += e
+            part[i, d + 1] = tot_e
+            for j in range(d):
+                part[i, j] = 0.0
+        for t in range(lo, hi):
+            vr = pv[b, kh, t]
+            for i in range(g):
+                e = sc[i, t - lo]
+                ai = part[i]
+                for j in range(d):
+                    ai[j] += e * vr[j]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _merge_spans(parts, b, kh, g, d, out):  # pragma: no cover - compiled
+        # out[b, 0, heads of kh] from the _attend_span results parts[k]
+        # (k = 0 .. n-1, each (g, d + 2)): softmax over the union of the spans
+        n = parts.shape[0]
+        for i in range(g):
+            m = parts[0, i, d]
+            for k in range(1, n):
+                m = max(m, parts[k, i, d])
+            den = np.float32(0.0)
+            for k in range(n):
+                den += np.float32(np.exp(parts[k, i, d] - m)) * parts[k, i, d + 1]
+            o = out[b, 0, (kh * g + i) * d:(kh * g + i + 1) * d]
+            for j in range(d):
+                o[j] = 0.0
+            for k in range(n):
+                w = np.float32(np.exp(parts[k, i, d] - m)) / den
+                for j in range(d):
+                    o[j] += w * parts[k, i, j]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b, kh, d, s_len,
                      r2, koff, voff, copy_past, rotary, interleaved):  # pragma: no cover
         # KV head kh of batch row b: copy its cached rows (unless the past

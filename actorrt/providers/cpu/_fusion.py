@@ -84,6 +84,14 @@ STACK_BLOCKS = True
 #: at the end of a small stage (quantize, attention, norm, SiLU) prefetches
 #: the next projection's weights; 0 turns both off
 PREFETCH = 3
+#: a decode step's attention splits each (batch row, KV head) pair's cached
+#: rows into spans (flash-decoding) when there are fewer than SPAN_UNITS
+#: pairs, so that a few pairs balance over the threads; a span has at least
+#: SPAN_ROWS rows. SmolLM2 (3 KV heads, batch 1): 2 spans from 32 cached
+#: rows; the decoder stack on 2 threads at 128-256 cached rows, interleaved:
+#: 3-6 % faster
+SPAN_UNITS = 4
+SPAN_ROWS = 16
 
 MS = "com.microsoft"
 
@@ -141,7 +149,7 @@ if _nb.HAVE_NUMBA:
                                      cos, sin, pos, heads, kv_heads, packed, copy_past,
                                      rotary, False, interleaved, alpha, window, attn, 1)
         if status != 0:  # nothing was written
-            return status, h, h
+            return status, h, h, 1
         o = _mm_f32(attn.reshape(m, heads * d), ow, od, oz, chunks)
         res2 = np.empty((m, hidden), np.float32)
         y2 = np.empty((m, hidden), np.float32)
@@ -154,7 +162,7 @@ if _nb.HAVE_NUMBA:
         res3 = np.empty((m, hidden), np.float32)
         y3 = np.empty((m, hidden), np.float32)
         _nb._skip_rms_norm(down, res2, g3, g3, False, eps3, y3, inv, res3)
-        return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden)
+        return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden), 1
 
 
 if _i8.HAVE_INT8_DOT:
@@ -303,7 +311,7 @@ if _i8.HAVE_INT8_DOT:
                 rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                 uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                 yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-                ctr, cw, nw, nd, parts, pf):  # pragma: no cover - compiled
+                ctr, cw, nw, nd, parts, pf, pa, spans):  # pragma: no cover - compiled
         # (flat arguments: a parallel region takes arrays and scalars only)
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
@@ -329,30 +337,63 @@ if _i8.HAVE_INT8_DOT:
             value = ov.reshape(bsz, s_len, ov.shape[1])
             koff = 0
             voff = 0
-        # 2. per (batch row, KV head): append the new keys/values, attend
+        # 2. per (batch row, KV head): append the new keys/values, attend;
+        # a decode step (spans > 1) splits each pair's cached rows into spans
+        # (the units of the stage: a few pairs on more threads balance), the
+        # last span appending the new row, and stage 3 merges them
         g = heads // kv_heads
         r2 = cos.shape[1]
         pairs = bsz * kv_heads
+        units = pairs * spans
+        qg = np.empty((g, d), np.float32)
+        acc = np.empty((g, d), np.float32)
+        sc = np.empty((g, t_max), np.float32)
+        mx = np.empty(g, np.float32)
+        den = np.empty(g, np.float32)
         while True:
             c = _claim(ctr, 2)
-            if c >= pairs:
+            if c >= units:
                 break
-            b = c // kv_heads
-            kh = c % kv_heads
-            _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b, kh,
-                             d, s_len, r2, koff, voff, copy_past, rotary, interleaved)
-            qg = np.empty((g, d), np.float32)
-            acc = np.empty((g, d), np.float32)
-            sc = np.empty((g, t_max), np.float32)
-            mx = np.empty(g, np.float32)
-            den = np.empty(g, np.float32)
-            _nb._attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len, r2,
-                              rotary, interleaved, alpha, window, qg, acc, sc, mx, den, attn)
+            pr = c // spans
+            k = c % spans
+            b = pr // kv_heads
+            kh = pr % kv_heads
+            if k == spans - 1:
+                _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b,
+                                 kh, d, s_len, r2, koff, voff, copy_past, rotary, interleaved)
+            if spans == 1:
+                _nb._attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len,
+                                  r2, rotary, interleaved, alpha, window, qg, acc, sc, mx, den,
+                                  attn)
+            else:
+                hi = tot[b]
+                lo = max(0, hi - window) if window > 0 else 0
+                a0 = lo + (k * (hi - lo)) // spans
+                a1 = lo + ((k + 1) * (hi - lo)) // spans
+                part = pa[c]
+                if a1 > a0:
+                    _nb._attend_span(query, pk, pv, cos, sin, pos, b, kh, g, d, r2, rotary,
+                                     interleaved, alpha, a0, a1, qg, sc, part)
+                else:  # an empty span weighs nothing in the merge
+                    part[:, :] = 0.0
+                    part[:, d] = np.float32(-np.inf)
             _done(ctr, 2)
-        _wait_warm(ctr, 2, pairs, ow, nw, pf)
-        # 3. quantize the attention output; 4. o projection
-        _quantize_stage(3, ctr, attn.reshape(m, attn.shape[2]), aq, as_, ax, at, au, row_chunks,
-                        ow, nw, pf)
+        _wait_warm(ctr, 2, units, ow, nw, pf)
+        # 3. (merge the spans,) quantize the attention output; 4. o projection
+        a2 = attn.reshape(m, attn.shape[2])
+        while True:
+            c = _claim(ctr, 3)
+            if c >= row_chunks:
+                break
+            r0, r1 = c * 8, min(m, c * 8 + 8)
+            if spans > 1:  # one query row per batch row
+                for b in range(r0, r1):
+                    for kh in range(kv_heads):
+                        pr = b * kv_heads + kh
+                        _nb._merge_spans(pa[pr * spans:(pr + 1) * spans], b, kh, g, d, attn)
+            _i8._quantize_into(a2, aq, as_, ax, at, au, r0, r1)
+            _done(ctr, 3)
+        _wait_warm(ctr, 3, row_chunks, ow, nw, pf)
         _project(4, ctr, (aq, as_, ax, at, au), ((ow, od, oz), none, none), (o, o, o), cw,
                  parts, pf)
         # 5. residual add + RMS norm, quantize
@@ -399,14 +440,14 @@ if _i8.HAVE_INT8_DOT:
                rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-               ctr, cw, nw, nd, threads, parts, pf):  # pragma: no cover - compiled
+               ctr, cw, nw, nd, threads, parts, pf, pa, spans):  # pragma: no cover - compiled
         for _ in prange(threads):
             _program(x, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, oq, ok, ov, packed, past_k,
                     past_v, pk, pv, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                     copy_past, rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw,
                     gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax,
                     at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate,
-                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts, pf)
+                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts, pf, pa, spans)
 
 
     @njit(nogil=True, cache=True)
@@ -425,17 +466,32 @@ if _i8.HAVE_INT8_DOT:
                 + _i8._act_buffers(m, hidden) + _i8._act_buffers(m, nf))
 
     @njit(nogil=True, cache=True)
+    def _spans(bsz, kv_heads, s_len, t_max, copy_past, g, d, span_units,
+               span_rows):  # pragma: no cover - compiled
+        # (spans, their buffer): a decode step's attention splits each (batch
+        # row, KV head) pair's cached rows into spans, span_units units in
+        # all, at least span_rows rows a span (a prefill, or past rows copied
+        # into the present buffer, keep one span). Not a function of the
+        # thread count: a team computes the bits one thread does
+        pairs = bsz * kv_heads
+        n = 1
+        if s_len == 1 and not copy_past:
+            n = max(1, min((span_units + pairs - 1) // pairs, t_max // span_rows))
+        return n, np.empty((pairs * n if n > 1 else 0, g, d + 2), np.float32)
+
+    @njit(nogil=True, cache=True)
     def _region_block(h, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed, past_k, past_v, pk, pv,
               seqlens, total, cos, sin, pos_ids, heads, kv_heads, copy_past, rotary,
               interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw,
-              dd, dz, g3, eps3, threads, cw, parts, pf):  # pragma: no cover - compiled
+              dd, dz, g3, eps3, threads, cw, parts, pf, span_units,
+              span_rows):  # pragma: no cover - compiled
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         status, past, tot, pos, t_max = _nb._gqa_lengths(
             seqlens, total, bsz, s_len, pk.shape[2], copy_past, past_k.shape[2], pos_ids,
             False, rotary, cos.shape[0])
         if status != 0:  # nothing was written
-            return status, h, h
+            return status, h, h, 1
         nq = qw.shape[0]
         d = nq // (heads + 2 * kv_heads) if packed else nq // heads
         nf = gw.shape[0]
@@ -449,13 +505,15 @@ if _i8.HAVE_INT8_DOT:
         y3 = np.empty((m, hidden), np.float32)
         res3 = np.empty((m, hidden), np.float32)
         ctr = np.zeros(20, np.int64)
+        spans, pa = _spans(bsz, kv_heads, s_len, t_max, copy_past, heads // kv_heads, d,
+                           span_units, span_rows)
         _region(h.reshape(m, hidden), res.reshape(m, hidden), qw, qd, qz, kw, kd, kz, vw, vd,
                vz, oq, ok, ov, packed, past_k, past_v, pk, pv, cos, sin, pos, past, tot,
                t_max, heads, kv_heads, copy_past, rotary, interleaved, alpha, window, ow, od,
                oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu,
                aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2,
-               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts, pf)
-        return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden)
+               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts, pf, pa, spans)
+        return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden), spans
 
 
     # A stack of int8 decoder blocks (consecutive layers, each reading the
@@ -487,7 +545,7 @@ if _i8.HAVE_INT8_DOT:
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads, rotary,
                       interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
                       ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
-                      inv, ctrs, cw, nw, nd, threads, parts, pf):  # pragma: no cover
+                      inv, ctrs, cw, nw, nd, threads, parts, pf, pa, spans):  # pragma: no cover
         for _ in prange(threads):
             for l in range(wt.shape[0]):
                 a = wt[l]
@@ -505,13 +563,15 @@ if _i8.HAVE_INT8_DOT:
                          _at(a[15], uw), _at(a[16], ud), _at(a[17], uz), _at(a[18], dw),
                          _at(a[19], dd), _at(a[20], dz), g3s[l], eps3s[l], hq, hs, hx, ht, hu,
                          aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o,
-                         y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts, pf)
+                         y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts, pf, pa,
+                         spans)
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
                       cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
-                      window, threads, cw, parts, pf):  # pragma: no cover - compiled
+                      window, threads, cw, parts, pf, span_units,
+                      span_rows):  # pragma: no cover - compiled
         # kvt: (layers, 2) addresses of each layer's key and value buffers,
         # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
         # (the caller checked them: see _kv_table)
@@ -522,7 +582,7 @@ if _i8.HAVE_INT8_DOT:
             seqlens, total, bsz, s_len, kv0.shape[2], False, kv0.shape[2], pos_ids, False,
             rotary, cos.shape[0])
         if status != 0:  # nothing was written
-            return status, h, res
+            return status, h, res, 1
         nq = qw.shape[0]
         d = nq // (heads + 2 * kv_heads) if packed else nq // heads
         nf = gw.shape[0]
@@ -532,13 +592,15 @@ if _i8.HAVE_INT8_DOT:
          au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
         ctrs = np.zeros((n_layers, 20), np.int64)
+        spans, pa = _spans(bsz, kv_heads, s_len, t_max, False, heads // kv_heads, d,
+                           span_units, span_rows)
         _stack_region(x, r, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw,
                       ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, oq, ok, ov,
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                       rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
-                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf)
-        return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden)
+                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans)
+        return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans
 
 
 # ------------------------------------------------------------------- matching
@@ -771,13 +833,14 @@ class DecoderBlock(Kernel):
                 # one parallel region for the whole block: below ~4M
                 # multiply-adds, one thread (waking the team costs more)
                 team = threads if bsz * s * blocks >= REGION_MIN_WORK else 1
-                last = (team, CHUNK_COLUMNS, CHUNKS_PER_THREAD * team, PREFETCH)
+                last = (team, CHUNK_COLUMNS, CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS,
+                        SPAN_ROWS)
             else:
                 work = bsz * heads * s * (int(seqlens.max(initial=0)) + 1) * d
                 gqa_chunks = (min(bsz * kv_heads, 4 * threads)
                               if work >= _nb.GQA_PARALLEL_MIN_WORK and bsz * kv_heads > 1 else 1)
                 last = (2 * threads,)
-            status, y, r = parallel(
+            status, y, r, spans = parallel(
                 block, h, residual, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed,
                 past_key if copy else present_k, past_value if copy else present_v,
                 present_k, present_v, seqlens, total, cos_cache if rotary else one,
@@ -787,8 +850,8 @@ class DecoderBlock(Kernel):
             if status:  # nothing was written: the original kernels name the problem
                 return fallback(h, residual, past_key, past_value, seqlens_k,
                                 total_sequence_length, cos_cache, sin_cache)
-            variant("fusion", "decoder-block", "%s, %d nodes in one call", name,
-                    len(self.sub_steps))
+            variant("fusion", "decoder-block", "%s, %d nodes in one call, attention in %d "
+                    "span(s)", name, len(self.sub_steps), spans)
             return y, r, present_k, present_v
 
         return decoder_block
@@ -881,17 +944,17 @@ class DecoderStack(Kernel):
                 known = checked[0] = (tuple(weakref.ref(a) for a in kv), kvt)
             seqlens, total, alpha = ready[3], ready[4], ready[5]
             team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
-            status, y, r = parallel(
+            status, y, r, spans = parallel(
                 region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, known[1],
                 kv[0], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team, PREFETCH)
+                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, kv)
-            variant("fusion", "decoder-stack", "%d int8 blocks in one parallel region",
-                    n_layers)
+            variant("fusion", "decoder-stack", "%d int8 blocks in one parallel region, "
+                    "attention in %d span(s)", n_layers, spans)
             return (y, r, *kv)
 
         decoder_stack.keep = keep  # the weights the table points at

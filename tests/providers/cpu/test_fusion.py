@@ -165,6 +165,52 @@ async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("span_rows", [2, 3])
+@pytest.mark.parametrize("batch_lengths", [(0,), (0, 3)])
+async def test_decode_attention_in_spans(tiny, span_rows, batch_lengths, monkeypatch):
+    # a decode step splits each (batch row, KV head) pair's cached rows into
+    # spans merged afterwards (flash-decoding): the node-by-node values to
+    # float tolerance, and the same bits on a team of threads as on one (the
+    # split does not depend on the thread count). The tiny model has 2 KV
+    # heads: SPAN_UNITS 4 -> batch 1 in 2 spans, batch 2 in 1 (4 pairs); 8 ->
+    # up to 4 / 2 (at least span_rows cached rows a span)
+    path, cfg = model_path(tiny, "q4_1", 4)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_fusion, "SPAN_ROWS", span_rows)
+    # (a prefill of 8: with 9 and batch 2, the fused and the node-by-node
+    # norms round one int8 activation differently, with or without spans)
+    steps, cap = (8, 1, 1, 1, 1), 24
+    plain, _ = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), steps=steps,
+                               batch_lengths=batch_lengths, capacity=cap)
+    counts = []  # the span counts the stack's trace records, per step
+    record = _fusion.tracing.kernel_variant
+    monkeypatch.setattr(_fusion.tracing, "kernel_variant", lambda *a: (
+        counts.append(a[-1]) if a[1] == "decoder-stack" else None, record(*a))[1])
+    for units in (4, 8):
+        monkeypatch.setattr(_fusion, "SPAN_UNITS", units)
+        runs = []
+        for threads, min_work in ((1, 1 << 40), (2, 0)):
+            monkeypatch.setattr(_fusion, "REGION_MIN_WORK", min_work)
+            old = nbk.num_threads()
+            nbk.set_num_threads(threads)
+            try:
+                runs.append((await run_steps(path, cfg, SessionOptions(), steps=steps,
+                                             batch_lengths=batch_lengths, capacity=cap))[0])
+            finally:
+                nbk.set_num_threads(old)
+        one, team = runs
+        for a, b in zip(one, team):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+        assert_steps_close(team, plain, 1e-5)
+    # per run: the prefill in one span, then the decode steps'
+    pairs = len(batch_lengths) * cfg.num_kv_heads
+    want = [[1] + [max(1, min(-(-units // pairs), (steps[0] + k) // span_rows))
+                   for k in range(1, len(steps))] for units in (4, 8)]
+    assert counts == [n for w in want for n in w + w]
+
+
 async def test_fused_model_matches_onnxruntime(tiny):
     # the float32-activation variant against the peer, prefill and decode
     path, cfg = model_path(tiny, "q4_1", 0)

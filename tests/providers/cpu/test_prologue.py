@@ -177,6 +177,31 @@ def test_numpy_path_matches_the_compiled_one(monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("index_shape", [(1,), ()])
+def test_mask_lengths_numpy_path_matches_the_compiled_one(monkeypatch, index_shape):
+    """The fused mask lengths with and without numba: ReduceSum (int64), Sub,
+    Cast to int32 as ONNX defines them (numpy's wrapping cast), also for
+    sums past the int32 range and a (B, 0) mask."""
+    masks = [np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.int64),
+             np.array([[1 << 31, 1 << 31, 5]], np.int64),
+             np.zeros((2, 0), np.int64)]
+    for mask in masks:
+        outs = []
+        for compiled in (True, False):
+            if not compiled:
+                monkeypatch.setattr(_prologue._nb, "HAVE_NUMBA", False)
+            k = _prologue.MaskLengths(_node(), [], {}, (0,), (1, 2), index_shape)
+            outs.append(k.compile()(mask))
+        monkeypatch.undo()
+        want_seq = (mask.sum(axis=1) - 1).astype(np.int32)
+        want_tot = np.full(index_shape, mask.shape[1], np.int64).astype(np.int32)
+        for seq, tot in outs:
+            assert seq.dtype == np.int32 and tot.dtype == np.int32
+            np.testing.assert_array_equal(seq, want_seq)
+            assert tot.shape == index_shape
+            np.testing.assert_array_equal(tot, want_tot)
+
+
 def _node():
     from actorrt.providers._contract import NodeSpec
     return NodeSpec(name="e/QuantizedGather", op_type=_prologue.GATHER_OP,

@@ -44,6 +44,7 @@ import trio
 
 from .._errors import GenerationError, InvalidArgumentError, SessionClosedError
 from .._session import Session, SessionOptions, open_session
+from ..providers._memory import huge_page_arrays
 from .sampling import Sampler, SamplingParams
 
 __all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics"]
@@ -318,9 +319,14 @@ class Engine:
         try:
             async with recv:
                 async for item in recv:
-                    if isinstance(item, BaseException):
-                        raise item
-                    yield item
+                    while True:  # what is already here, without a checkpoint each
+                        if isinstance(item, BaseException):
+                            raise item
+                        yield item
+                        try:
+                            item = recv.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
         finally:
             if not req.done:
                 req.cancelled = True
@@ -415,8 +421,9 @@ class Engine:
         self._kv_bytes = total
 
     def _empty_kv(self, batch: int, length: int) -> list[np.ndarray]:
+        # one huge-page mapping for every layer's key and value buffer
         shape = (batch, self.kv_heads, length, self.head_dim)
-        return [np.zeros(shape, np.float32) for _ in range(2 * len(self._layers))]
+        return huge_page_arrays(2 * len(self._layers), shape, np.float32)
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray]) -> dict:
         feeds = {"input_ids": ids, "attention_mask": mask}

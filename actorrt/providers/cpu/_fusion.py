@@ -79,6 +79,8 @@ CHUNKS_PER_THREAD = 2
 CHUNK_COLUMNS = 64
 #: run consecutive int8 blocks as one stack (:class:`DecoderStack`)
 STACK_BLOCKS = True
+#: take the LM head that follows a stack into it (one region, one step)
+STACK_HEAD = True
 #: software prefetch in the int8 blocks, bit flags: 1 the projections
 #: prefetch their weights ahead (_contrib_int8._group_pf), 2 a thread waiting
 #: at the end of a small stage (quantize, attention, norm, SiLU) prefetches
@@ -545,9 +547,11 @@ if _i8.HAVE_INT8_DOT:
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads, rotary,
                       interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
                       ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
-                      inv, ctrs, cw, nw, nd, threads, parts, pf, pa, spans):  # pragma: no cover
+                      inv, ctrs, cw, nw, nd, threads, parts, pf, pa, spans, hw, hd, hz, head,
+                      logits):  # pragma: no cover - compiled
         for _ in prange(threads):
-            for l in range(wt.shape[0]):
+            n_layers = wt.shape[0]
+            for l in range(n_layers):
                 a = wt[l]
                 pk = _at(kvt[l, 0], kv0)
                 pv = _at(kvt[l, 1], kv0)
@@ -565,16 +569,23 @@ if _i8.HAVE_INT8_DOT:
                          aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o,
                          y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts, pf, pa,
                          spans)
+            if head:  # the LM head on the last layer's output, counters of its own
+                hc = ctrs[n_layers]
+                _quantize_stage(0, hc, x, hq, hs, hx, ht, hu, (x.shape[0] + 7) // 8, hw, hw, 0)
+                _project(1, hc, (hq, hs, hx, ht, hu), ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
+                         (logits, logits, logits), cw, parts, 0)
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
                       cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
-                      window, threads, cw, parts, pf, span_units,
-                      span_rows):  # pragma: no cover - compiled
+                      window, threads, cw, parts, pf, span_units, span_rows, hw, hd, hz,
+                      head):  # pragma: no cover - compiled
         # kvt: (layers, 2) addresses of each layer's key and value buffers,
         # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
-        # (the caller checked them: see _kv_table)
+        # (the caller checked them: see _kv_table). head: also the LM head,
+        # an int8 MatMulNBits (hw, hd, hz: its prepacked weight, K = hidden),
+        # on the last layer's output, into the returned (B * S, N) logits
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         n_layers = wt.shape[0]
@@ -582,7 +593,7 @@ if _i8.HAVE_INT8_DOT:
             seqlens, total, bsz, s_len, kv0.shape[2], False, kv0.shape[2], pos_ids, False,
             rotary, cos.shape[0])
         if status != 0:  # nothing was written
-            return status, h, res, 1
+            return status, h, res, 1, np.empty((0, 0), np.float32)
         nq = qw.shape[0]
         d = nq // (heads + 2 * kv_heads) if packed else nq // heads
         nf = gw.shape[0]
@@ -591,7 +602,8 @@ if _i8.HAVE_INT8_DOT:
         (oq, ok, ov, attn, o, y2, res2, gate, up, down, inv, hq, hs, hx, ht, hu, aq, as_, ax, at,
          au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
-        ctrs = np.zeros((n_layers, 20), np.int64)
+        ctrs = np.zeros((n_layers + 1, 20), np.int64)
+        logits = np.empty((m, hw.shape[0]) if head else (0, 0), np.float32)
         spans, pa = _spans(bsz, kv_heads, s_len, t_max, False, heads // kv_heads, d,
                            span_units, span_rows)
         _stack_region(x, r, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw,
@@ -599,8 +611,9 @@ if _i8.HAVE_INT8_DOT:
                       packed, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                       rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
-                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans)
-        return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans
+                      down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans, hw,
+                      hd, hz, head, logits)
+        return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans, logits
 
 
 # ------------------------------------------------------------------- matching
@@ -864,20 +877,39 @@ class DecoderStack(Kernel):
     cos_cache, sin_cache, past_key_0, past_value_0, past_key_1, ...)``, float32
     (B, KVH, L, D) KV buffers; outputs ``(h, residual, present_key_0,
     present_value_0, ...)``, each layer's exactly as its block defines them.
+    With ``head`` (the LM head: a com.microsoft MatMulNBits step reading the
+    last layer's ``h``, whose ``residual`` nothing reads), the first output is
+    the head's ``(B, S, N)`` logits instead of ``h``.
 
-    The compiled path runs every layer in one parallel region (see
-    ``_stack_region``) and needs every KV buffer donated with room for the new
-    positions (appended in place, as the engine runs decode); otherwise the
-    blocks run one after another, so results and errors are theirs."""
+    The compiled path runs every layer (and an int8 head) in one parallel
+    region (see ``_stack_region``) and needs every KV buffer donated with
+    room for the new positions (appended in place, as the engine runs
+    decode); otherwise the blocks (then the head) run one after another, so
+    results and errors are theirs."""
 
     multi_output = True
 
-    def __init__(self, node: NodeSpec, blocks: Sequence[Any]):
+    def __init__(self, node: NodeSpec, blocks: Sequence[Any], head: Any = None,
+                 head_consts: Sequence[Any] = ()):
         super().__init__(node)
         self.blocks = list(blocks)
+        self.head = head
+        self.head_consts = tuple(head_consts)  # the head's inputs after A (constants)
         n = len(self.blocks)
         self.inplace = {2 + 2 * i: 6 + 2 * i for i in range(n)}
         self.inplace.update({3 + 2 * i: 7 + 2 * i for i in range(n)})
+
+    def _head_packed(self) -> Any:
+        """The head's int8 prepacked weight when the region can run it."""
+        head = self.head
+        if head is None:
+            return None
+        p = getattr(head.kernel, "packed", None)
+        hidden = self.blocks[0].kernel.statics()
+        if (p is None or p.qi is None or p.empty or hidden is None or p.k != hidden["hidden"]
+                or p.n_blocks * p.block_size != p.k or head.node.has_input(5)):
+            return None
+        return p
 
     @staticmethod
     def _chain(fns: Sequence[Callable], h: Any, residual: Any, seqlens_k: Any, total: Any,
@@ -890,12 +922,24 @@ class DecoderStack(Kernel):
         return (h, residual, *presents)
 
     def run(self, h, residual, seqlens_k, total, cos_cache=None, sin_cache=None, *kv):
-        return self._chain([b.kernel.run for b in self.blocks], h, residual, seqlens_k, total,
-                           cos_cache, sin_cache, kv)
+        out = self._chain([b.kernel.run for b in self.blocks], h, residual, seqlens_k, total,
+                          cos_cache, sin_cache, kv)
+        if self.head is None:
+            return out
+        return (self.head.kernel.run(out[0], *self.head_consts), *out[1:])
 
     def compile(self) -> Callable:
         fns = [b.fn for b in self.blocks]
-        chain = self._chain
+        blocks_chain = self._chain
+        head_fn = self.head.fn if self.head is not None else None
+        head_consts = self.head_consts
+
+        def chain(fns, h, residual, seqlens_k, total, cos_cache, sin_cache, kv):
+            out = blocks_chain(fns, h, residual, seqlens_k, total, cos_cache, sin_cache, kv)
+            if head_fn is None:
+                return out
+            return (head_fn(out[0], *head_consts), *out[1:])
+
         statics = [b.kernel.statics() for b in self.blocks]
         if any(st is None for st in statics) or not _same_layers(statics):
             return lambda *a: chain(fns, *a[:6], a[6:])
@@ -918,6 +962,12 @@ class DecoderStack(Kernel):
         one, no_pos = _nb._ONE, _nb._NO_POS
         n_layers = len(fns)
         region = _region_stack
+        hp = self._head_packed()
+        # the head in the region (its weight), or after it (head_fn), or none
+        in_region = hp is not None
+        head_args = ((hp.qi, hp.scales, hp.dz, True) if in_region
+                     else (templates[0][:0], templates[1][:0], templates[1][:0], False))
+        n_vocab = hp.n if in_region else 0
         # (weak references to the KV buffers last checked, their address
         # table): a finished request's cache is not kept alive
         checked: list = [None]
@@ -944,17 +994,22 @@ class DecoderStack(Kernel):
                 known = checked[0] = (tuple(weakref.ref(a) for a in kv), kvt)
             seqlens, total, alpha = ready[3], ready[4], ready[5]
             team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
-            status, y, r, spans = parallel(
+            status, y, r, spans, logits = parallel(
                 region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, known[1],
                 kv[0], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS)
+                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, kv)
-            variant("fusion", "decoder-stack", "%d int8 blocks in one parallel region, "
-                    "attention in %d span(s)", n_layers, spans)
+            variant("fusion", "decoder-stack", "%d int8 blocks%s in one parallel region, "
+                    "attention in %d span(s)", n_layers, " and the LM head" if in_region else "",
+                    spans)
+            if in_region:
+                return (logits.reshape(bsz, s, n_vocab), r, *kv)
+            if head_fn is not None:
+                return (head_fn(y, *head_consts), r, *kv)
             return (y, r, *kv)
 
         decoder_stack.keep = keep  # the weights the table points at
@@ -1007,14 +1062,32 @@ def _same_layers(statics: Sequence[dict]) -> bool:
     return True
 
 
-def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..., Any]
+def _lm_head(g: StepGraph, last: Any, consts: dict[int, Any]) -> Any:
+    """The step reading ``last`` block's ``h3`` alone when it is an LM head
+    the stack can take in (a com.microsoft MatMulNBits of int8 layout with
+    constant weights, K = hidden) and nothing reads the block's ``r3``."""
+    head = g.only_reader(last.outputs[0])
+    if (head is None or not _is(head, "MatMulNBits") or head.inputs[0] != last.outputs[0]
+            or not g.unused(last.outputs[1]) or len(head.outputs) != 1
+            or any(i >= 0 and i not in consts for i in head.inputs[1:])):
+        return None
+    p = getattr(head.kernel, "packed", None)
+    if p is None or p.qi is None or p.empty or p.n_blocks * p.block_size != p.k:
+        return None
+    return head
+
+
+def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..., Any],
+                        consts: dict[int, Any] | None = None
                         ) -> tuple[list, list[tuple[str, tuple]]]:
     """Replace every run of consecutive int8 :class:`DecoderBlock` steps
     (each reading the previous one's ``h3, r3`` and nothing else reading
-    those, the same lengths and rotary caches) by one :class:`DecoderStack`.
+    those, the same lengths and rotary caches) by one :class:`DecoderStack`,
+    taking in the LM head that follows (:func:`_lm_head`, when ``consts``
+    holds the plan's constant slots and :data:`STACK_HEAD`).
 
     Returns ``(steps, fusions)`` as :func:`fuse_decoder_blocks` does, one
-    ``(stack name, block names)`` per stack."""
+    ``(stack name, block (and head) names)`` per stack."""
     g = StepGraph(steps, protected)
     runs: list[list] = []
     for st in steps:
@@ -1030,35 +1103,46 @@ def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..
     pos = positions(steps)
     groups = []
     for run in runs:
+        if len(run) < 2:
+            continue
         outs = [o for b in run for o in b.outputs[2:4]] + list(run[-1].outputs[:2])
-        if len(run) >= 2 and not g.read_early(run, outs, pos):
-            groups.append((run, run))
-    return replace_groups(steps, groups, lambda run: _stack_step(run, make_step))
+        if g.read_early(run, outs, pos):
+            continue
+        head = _lm_head(g, run[-1], consts) if consts is not None and STACK_HEAD else None
+        if head is not None and g.read_early(run + [head], outs + list(head.outputs), pos):
+            head = None
+        members = run + [head] if head is not None else run
+        hc = tuple(consts[i] if i >= 0 else None for i in head.inputs[1:]) if head else ()
+        groups.append((members, (run, head, hc)))
+    return replace_groups(steps, groups, lambda pl: _stack_step(*pl, make_step))
 
 
-def _stack_step(run: list, make_step: Callable[..., Any]) -> Any:
+def _stack_step(run: list, head: Any, head_consts: tuple, make_step: Callable[..., Any]) -> Any:
     first, last = run[0], run[-1]
     kv_in = [i for b in run for i in b.inputs[2:4]]
     kv_out = [o for b in run for o in b.outputs[2:4]]
     in_slots = (*first.inputs[:2], *first.inputs[4:8], *kv_in)
-    out_slots = (*last.outputs[:2], *kv_out)
-    names, types = slot_names(run)
+    out_slots = (head.outputs[0] if head is not None else last.outputs[0], last.outputs[1],
+                 *kv_out)
+    names, types = slot_names(run + ([head] if head is not None else []))
     base = [b.node.name.rsplit("/", 1)[0] for b in (first, last)]
     common = len(os.path.commonprefix(base))
     while common and base[1][common - 1].isdigit():  # "layers.0".."layers.29": "layers."
         common -= 1
     node = NodeSpec(name=f"{base[0]}..{base[1][common:]}/{STACK_OP}", op_type=STACK_OP,
                     domain=FUSED_DOMAIN, opset=1,
-                    attrs={"fused_nodes": [b.node.name for b in run], "variant": "i8"},
+                    attrs={"fused_nodes": [b.node.name for b in run]
+                           + ([head.node.name] if head is not None else []), "variant": "i8"},
                     inputs=tuple(names.get(s, "") if s >= 0 else "" for s in in_slots),
                     outputs=tuple(names.get(s, "") if s >= 0 else "" for s in out_slots),
                     input_types=tuple(types.get(s) for s in in_slots),
                     output_types=tuple(types.get(s) for s in out_slots),
                     model=first.node.model)
     cost = run[0].cost
-    for b in run[1:]:
+    for b in run[1:] + ([head] if head is not None else []):
         cost = cost + b.cost
-    return make_step(node, first.provider, DecoderStack(node, run), in_slots, out_slots, cost)
+    return make_step(node, first.provider, DecoderStack(node, run, head, head_consts), in_slots,
+                     out_slots, cost)
 
 
 def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any],

@@ -37,8 +37,8 @@ class CPUExecutionProvider(ExecutionProvider):
 
     def fuse_steps(self, steps, protected, consts, make_step):
         """Fuse LLM decoder blocks (:mod:`._fusion`) among this provider's
-        steps, then runs of consecutive int8 blocks into stacks, and the
-        graph's input prologue (:mod:`._prologue`: attention-mask lengths,
+        steps, then runs of consecutive int8 blocks into stacks (with the LM
+        head that follows them), and the graph's input prologue (:mod:`._prologue`: attention-mask lengths,
         block-quantized embedding)."""
         from . import _fusion, _prologue
         mine = [st for st in steps if st.provider is self]
@@ -49,7 +49,7 @@ class CPUExecutionProvider(ExecutionProvider):
             steps, prologue = _prologue.fuse_prologue(steps, protected, consts, make_step, self)
             fusions = fusions + prologue
         if _fusion.STACK_BLOCKS:
-            steps, stacks = _fusion.fuse_decoder_stacks(steps, protected, make_step)
+            steps, stacks = _fusion.fuse_decoder_stacks(steps, protected, make_step, consts)
             fusions = fusions + stacks
         return steps, fusions
 

@@ -106,8 +106,9 @@ async def test_fused_blocks_match_the_nodes(tiny, kind, level, batch_lengths):
     stacks = [f for f in fusions if f[0].endswith("/DecoderStack")]
     assert len(blocks) == cfg.num_layers and not none
     assert all(len(names) == 11 for _, names in blocks)  # packed QKV: 11 nodes a layer
-    # int8 blocks then run as one stack
-    assert stacks == ([("model.layers.0..1/DecoderStack", tuple(n for n, _ in blocks))]
+    # int8 blocks then run as one stack, with the LM head
+    assert stacks == ([("model.layers.0..1/DecoderStack",
+                        tuple(n for n, _ in blocks) + ("lm_head/MatMulNBits",))]
                       if level == 4 else [])
     assert_steps_close(fused, plain, 1e-5)
 
@@ -209,6 +210,38 @@ async def test_decode_attention_in_spans(tiny, span_rows, batch_lengths, monkeyp
     want = [[1] + [max(1, min(-(-units // pairs), (steps[0] + k) // span_rows))
                    for k in range(1, len(steps))] for units in (4, 8)]
     assert counts == [n for w in want for n in w + w]
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+async def test_stack_takes_in_the_lm_head(tiny, kind, monkeypatch):
+    # the LM head (int8 MatMulNBits on the last layer's output) runs in the
+    # stack's parallel region: the same bits as the head run as its own step
+    # after the stack, prefill and decode, batch 2; the trace says so
+    path, cfg = model_path(tiny, kind, 4)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    notes = []
+    record = _fusion.tracing.kernel_variant
+    monkeypatch.setattr(_fusion.tracing, "kernel_variant", lambda *a: (
+        notes.append(a[2] % a[3:]) if a[1] == "decoder-stack" else None, record(*a))[1])
+    old = nbk.num_threads()
+    nbk.set_num_threads(2)
+    try:
+        fused, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                         batch_lengths=(0, 2))
+        monkeypatch.setattr(_fusion, "STACK_HEAD", False)
+        apart, fusions2 = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                          batch_lengths=(0, 2))
+    finally:
+        nbk.set_num_threads(old)
+    assert fusions[-1][1][-1] == "lm_head/MatMulNBits"
+    assert "lm_head/MatMulNBits" not in fusions2[-1][1]
+    assert len(notes) == 6 and all("and the LM head" in n for n in notes[:3])
+    assert not any("LM head" in n for n in notes[3:])
+    for a, b in zip(fused, apart):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
 
 
 async def test_fused_model_matches_onnxruntime(tiny):

@@ -585,6 +585,9 @@ class Engine:
             unsent.clear()
             last_sent[0] = time.perf_counter()
 
+        # the next step's token ids: one buffer written each step (a run
+        # reads it only while it runs)
+        ids_buf = np.empty((len(reqs), 1), np.int64)
         at_logits = self._split_index()[0]
         carry = dict(zip(self._kv_names, self._present_names))
 
@@ -595,6 +598,7 @@ class Engine:
                 state["steps"] += 1
                 tokens: list = []
                 finished = False
+                one_row = logits.shape[0] == 1 and logits.shape[1] == 1
                 for b, r in enumerate(reqs):
                     lengths[b] += 1
                     masks[b, lengths[b]] = 1
@@ -602,8 +606,8 @@ class Engine:
                         tokens.append(None)
                         continue
                     try:
-                        tid = (int(logits[b, -1].argmax()) if argmax[b]
-                               else r.sampler(logits[b, -1], history[b]))
+                        tid = ((int(logits.argmax()) if one_row else int(logits[b, -1].argmax()))
+                               if argmax[b] else r.sampler(logits[b, -1], history[b]))
                     except Exception as exc:  # noqa: BLE001 - fails only this request
                         tokens.append(exc)
                         finished = True
@@ -627,7 +631,9 @@ class Engine:
                 if unsent:
                     hand_over()
                 return None
-            ids = np.asarray([[p] for p in pending], np.int64)
+            ids = ids_buf
+            for b, p in enumerate(pending):
+                ids[b, 0] = p
             mask = masks[:, :max(lengths) + 1]
             if len(reqs) > 1:
                 mask = np.ascontiguousarray(mask)

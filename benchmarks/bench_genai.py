@@ -96,6 +96,9 @@ def int8_packed_bytes(path) -> int:
             st = steps.pop()
             steps.extend(getattr(st.kernel, "sub_steps", ()))  # a DecoderBlock's nodes
             steps.extend(getattr(st.kernel, "blocks", ()))  # a DecoderStack's blocks
+            head = getattr(st.kernel, "head", None)  # and the LM head it took in
+            if head is not None:
+                steps.append(head)
             p = st.kernel.packed if isinstance(st.kernel, MatMulNBits) else None
             for a in (p.qi, p.scales, p.dz) if p is not None and p.qi is not None else ():
                 seen[id(a)] = a.nbytes

@@ -234,11 +234,46 @@ if HAVE_NUMBA:
                 x[i + r2] = x2 * cos[i] + x1 * sin[i]
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _attend_rows(qg, pk, pv, b, kh, g, d, alpha, lo, hi, sc, mx, den,
+                     acc):  # pragma: no cover - compiled
+        # the g query heads qg (g, d) that share KV head kh of batch row b over
+        # cached rows [lo, hi), hi > lo, each K/V row read once for all g
+        # heads (it stays in L1 across them): mx[i] the largest score
+        # alpha * q_i.k_t, den[i] the sum of e^(score - mx[i]), acc[i, :d]
+        # (zeroed by the caller) += e^(score - mx[i]) v_t; sc (g, >= hi - lo)
+        for i in range(g):
+            mx[i] = np.float32(-np.inf)
+        for t in range(lo, hi):
+            kr = pk[b, kh, t]
+            for i in range(g):
+                qi = qg[i]
+                dot = np.float32(0.0)
+                for j in range(d):
+                    dot += qi[j] * kr[j]
+                dot *= alpha
+                sc[i, t - lo] = dot
+                mx[i] = max(mx[i], dot)
+        for i in range(g):
+            m_i = mx[i]
+            tot_e = np.float32(0.0)
+            for t in range(hi - lo):
+                e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
+                sc[i, t] = e
+                tot_e += e
+            den[i] = tot_e
+        for t in range(lo, hi):
+            vr = pv[b, kh, t]
+            for i in range(g):
+                e = sc[i, t - lo]
+                ai = acc[i]
+                for j in range(d):
+                    ai[j] += e * vr[j]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len, r2, rotary,
                       interleaved, alpha, window, qg, acc, sc, mx, den, out):  # pragma: no cover
         # causal (windowed) softmax(alpha * q.K^T) V for the g query heads that
-        # share KV head kh of batch row b: each cached K/V row is read once for
-        # all g heads (it stays in L1 across them)
+        # share KV head kh of batch row b
         for s in range(s_len):
             for i in range(g):
                 hh = kh * g + i
@@ -253,36 +288,9 @@ if HAVE_NUMBA:
                 for j in range(d):
                     acc[i, j] = 0.0
             if hi > lo:
+                _attend_rows(qg, pk, pv, b, kh, g, d, alpha, lo, hi, sc, mx, den, acc)
                 for i in range(g):
-                    mx[i] = np.float32(-np.inf)
-                    den[i] = np.float32(0.0)
-                for t in range(lo, hi):
-                    kr = pk[b, kh, t]
-                    for i in range(g):
-                        qi = qg[i]
-                        dot = np.float32(0.0)
-                        for j in range(d):
-                            dot += qi[j] * kr[j]
-                        dot *= alpha
-                        sc[i, t] = dot
-                        mx[i] = max(mx[i], dot)
-                for i in range(g):
-                    m_i = mx[i]
-                    tot_e = np.float32(0.0)
-                    for t in range(lo, hi):
-                        e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
-                        sc[i, t] = e
-                        tot_e += e
-                    den[i] = np.float32(1.0) / tot_e
-                for t in range(lo, hi):
-                    vr = pv[b, kh, t]
-                    for i in range(g):
-                        e = sc[i, t]
-                        ai = acc[i]
-                        for j in range(d):
-                            ai[j] += e * vr[j]
-                for i in range(g):
-                    w = den[i]
+                    w = np.float32(1.0) / den[i]
                     for j in range(d):
                         acc[i, j] *= w
             for i in range(g):
@@ -292,7 +300,7 @@ if HAVE_NUMBA:
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _attend_span(query, pk, pv, cos, sin, pos, b, kh, g, d, r2, rotary, interleaved, alpha,
-                     lo, hi, qg, sc, part):  # pragma: no cover - compiled
+                     lo, hi, qg, sc, mx, den, part):  # pragma: no cover - compiled
         # one span of a decode step's attention (query position 0 of batch
         # row b, the g heads sharing KV head kh) over cached rows [lo, hi),
         # hi > lo, unnormalised, for _merge_spans: part[i, :d] = sum over t of
@@ -304,36 +312,13 @@ if HAVE_NUMBA:
             hh = kh * g + i
             for j in range(d):
                 qg[i, j] = query[b, 0, hh * d + j]
+                part[i, j] = 0.0
             if rotary:
                 _rotate(qg[i], cos[p], sin[p], r2, interleaved)
-            part[i, d] = np.float32(-np.inf)
-        for t in range(lo, hi):
-            kr = pk[b, kh, t]
-            for i in range(g):
-                qi = qg[i]
-                dot = np.float32(0.0)
-                for j in range(d):
-                    dot += qi[j] * kr[j]
-                dot *= alpha
-                sc[i, t - lo] = dot
-                part[i, d] = max(part[i, d], dot)
+        _attend_rows(qg, pk, pv, b, kh, g, d, alpha, lo, hi, sc, mx, den, part)
         for i in range(g):
-            m_i = part[i, d]
-            tot_e = np.float32(0.0)
-            for t in range(hi - lo):
-                e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
-                sc[i, t] = e
-                tot_e += e
-            part[i, d + 1] = tot_e
-            for j in range(d):
-                part[i, j] = 0.0
-        for t in range(lo, hi):
-            vr = pv[b, kh, t]
-            for i in range(g):
-                e = sc[i, t - lo]
-                ai = part[i]
-                for j in range(d):
-                    ai[j] += e * vr[j]
+            part[i, d] = mx[i]
+            part[i, d + 1] = den[i]
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _merge_spans(parts, b, kh, g, d, out):  # pragma: no cover - compiled

@@ -375,7 +375,7 @@ if _i8.HAVE_INT8_DOT:
                 part = pa[c]
                 if a1 > a0:
                     _nb._attend_span(query, pk, pv, cos, sin, pos, b, kh, g, d, r2, rotary,
-                                     interleaved, alpha, a0, a1, qg, sc, part)
+                                     interleaved, alpha, a0, a1, qg, sc, mx, den, part)
                 else:  # an empty span weighs nothing in the merge
                     part[:, :] = 0.0
                     part[:, d] = np.float32(-np.inf)

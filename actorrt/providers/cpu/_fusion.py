@@ -90,8 +90,8 @@ PREFETCH = 3
 #: rows into spans (flash-decoding) when there are fewer than SPAN_UNITS
 #: pairs, so that a few pairs balance over the threads; a span has at least
 #: SPAN_ROWS rows. SmolLM2 (3 KV heads, batch 1): 2 spans from 32 cached
-#: rows; the decoder stack on 2 threads at 128-256 cached rows, interleaved:
-#: 3-6 % faster
+#: rows; the decoder stack alone on 2 threads at 128-256 cached rows,
+#: interleaved: 3-6 % faster (streamed decode: within the machine's noise)
 SPAN_UNITS = 4
 SPAN_ROWS = 16
 

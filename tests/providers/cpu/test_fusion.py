@@ -10,6 +10,8 @@ in place, as the engine runs them), batch 2 with different lengths.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx
 import pytest
@@ -84,6 +86,17 @@ async def run_steps(path, cfg, options, **kw):
     return got, fusions
 
 
+@contextlib.contextmanager
+def kernel_threads(n: int):
+    """The parallel kernels on ``n`` threads inside the block."""
+    old = nbk.num_threads()
+    nbk.set_num_threads(n)
+    try:
+        yield
+    finally:
+        nbk.set_num_threads(old)
+
+
 def assert_steps_close(a, b, rtol):
     for sa, sb in zip(a, b):
         for x, y in zip(sa, sb):
@@ -126,16 +139,12 @@ async def test_stack_equals_the_blocks(tiny, kind, threads, monkeypatch):
     calls = []
     region = _fusion._region_stack
     monkeypatch.setattr(_fusion, "_region_stack", lambda *a: (calls.append(1), region(*a))[1])
-    old = nbk.num_threads()
-    nbk.set_num_threads(threads)
-    try:
+    with kernel_threads(threads):
         stacked, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
                                            batch_lengths=(0, 2))
         monkeypatch.setattr(_fusion, "STACK_BLOCKS", False)
         blocks, fusions2 = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
                                            batch_lengths=(0, 2))
-    finally:
-        nbk.set_num_threads(old)
     assert fusions[-1][0].endswith("/DecoderStack") and len(calls) == 3  # every step
     assert not any(f[0].endswith("/DecoderStack") for f in fusions2)
     for a, b in zip(stacked, blocks):
@@ -154,13 +163,9 @@ async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
     one, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
                              batch_lengths=(0, 3))
     monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
-    old = nbk.num_threads()
-    nbk.set_num_threads(2)
-    try:
+    with kernel_threads(2):
         team, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
                                   batch_lengths=(0, 3))
-    finally:
-        nbk.set_num_threads(old)
     for a, b in zip(one, team):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
@@ -193,13 +198,9 @@ async def test_decode_attention_in_spans(tiny, batch_lengths, monkeypatch):
         runs = []
         for threads, min_work in ((1, 1 << 40), (2, 0)):
             monkeypatch.setattr(_fusion, "REGION_MIN_WORK", min_work)
-            old = nbk.num_threads()
-            nbk.set_num_threads(threads)
-            try:
+            with kernel_threads(threads):
                 runs.append((await run_steps(path, cfg, SessionOptions(), steps=steps,
                                              batch_lengths=batch_lengths, capacity=cap))[0])
-            finally:
-                nbk.set_num_threads(old)
         one, team = runs
         for a, b in zip(one, team):
             for x, y in zip(a, b):
@@ -226,16 +227,12 @@ async def test_stack_takes_in_the_lm_head(tiny, monkeypatch):
     record = _fusion.tracing.kernel_variant
     monkeypatch.setattr(_fusion.tracing, "kernel_variant", lambda *a: (
         notes.append(a[2] % a[3:]) if a[1] == "decoder-stack" else None, record(*a))[1])
-    old = nbk.num_threads()
-    nbk.set_num_threads(2)
-    try:
+    with kernel_threads(2):
         fused, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
                                          batch_lengths=(0, 2))
         monkeypatch.setattr(_fusion, "STACK_HEAD", False)
         apart, fusions2 = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
                                           batch_lengths=(0, 2))
-    finally:
-        nbk.set_num_threads(old)
     assert fusions[-1][1][-1] == "lm_head/MatMulNBits"
     assert "lm_head/MatMulNBits" not in fusions2[-1][1]
     assert len(notes) == 6 and all("and the LM head" in n for n in notes[:3])

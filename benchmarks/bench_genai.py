@@ -6,7 +6,14 @@ activations, ``model.onnx``) and 4 (int8 activations,
 ``model.accuracy4.onnx``; onnxruntime 1.32 quantizes only the Q8_0 head there,
 as it keeps float32 activations for weights with float zero points).
 
+The peers the issue names run in the same run where installed
+(``genai_peers.py``): onnxruntime-genai on its builder's int4 re-quantization
+of the model (``pip install onnxruntime-genai``) and llama.cpp on the GGUF
+(``pip install llama-cpp-python``, or ``--llama-python`` naming the
+interpreter of a venv that has it).
+
     python benchmarks/bench_genai.py [--new-tokens 128] [--ort-tokens 8]
+        [--llama-python PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import trio
 from actorrt.genai import SamplingParams, open_engine, prepare_model
 from actorrt.genai.models import model_file
 from actorrt.genai.cli import concurrency_curve, print_curve
+
+import genai_peers
 
 PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a Celtic "
           "people called the Parisii settled on an island in the river Seine. The Romans "
@@ -144,6 +153,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds of the single-stream run and the concurrency "
                          "curve (medians printed)")
+    ap.add_argument("--llama-python", default=None,
+                    help="Python interpreter with llama-cpp-python for the llama.cpp peer "
+                         "(default: this one)")
     args = ap.parse_args()
     from actorrt.providers.cpu import _contrib_numba
     threads = _contrib_numba.set_num_threads(2)  # the issue's setting; ORT gets 2 too
@@ -154,6 +166,11 @@ def main() -> None:
     from actorrt.genai.tokenizer import load_tokenizer
     ids = load_tokenizer(folder).encode(PROMPT)
     peer = {lv: ort_greedy(folder, ids, args.ort_tokens, threads=2, level=lv) for lv in (0, 4)}
+    genai = genai_peers.ort_genai_greedy(folder, ids, args.new_tokens, threads=2)
+    from actorrt.genai.models import _source_gguf, model_home
+    gguf = _source_gguf("smollm2", model_home(), False)[0]
+    llama = genai_peers.llama_cpp_greedy(gguf, ids, args.new_tokens, threads=2,
+                                         python=args.llama_python)
     print(f"SmolLM2-135M Q4_1, prompt {runs[0][1]} tokens, {threads} kernel threads "
           f"(onnxruntime: 2 intra-op threads)")
     print(f"{'':34} {'prompt tok/s':>13} {'decode tok/s':>13}")
@@ -167,6 +184,23 @@ def main() -> None:
               f"   ({args.ort_tokens} greedy tokens)")
         print(f"{'ratio actorrt/ort':34} {single.prompt_tokens_per_s / ort_prompt:13.2f} "
               f"{single.decode_tokens_per_s / ort_decode:13.2f}")
+    ours4 = runs[4][0]
+    print(f"\nthe issue's peers, same run, {args.new_tokens} greedy tokens after the same prompt "
+          f"(median of 3):")
+    for name, r, missing in (
+            ("onnxruntime-genai, int4 re-quant.", genai, "pip install onnxruntime-genai"),
+            ("llama.cpp, the GGUF", llama, "pip install llama-cpp-python (builds llama.cpp)")):
+        if r is None:
+            print(f"{name:34} not installed: {missing}")
+            continue
+        same = next((i for i, (a, b) in enumerate(zip(ours4.token_ids, r["ids"])) if a != b),
+                    min(len(ours4.token_ids), len(r["ids"])))
+        print(f"{name:34} {r['prompt']:13.1f} {r['decode']:13.1f}   (greedy ids equal "
+              f"accuracy_level 4's for the first {same})")
+        print(f"{'ratio actorrt level 4/it':34} {ours4.prompt_tokens_per_s / r['prompt']:13.2f} "
+              f"{ours4.decode_tokens_per_s / r['decode']:13.2f}")
+    if llama is not None:
+        print(f"  (llama-cpp-python {llama['version']}; llama_decode a token, 2 threads)")
     file_b, kern_b, int8_b = weight_bytes_per_token(folder)
     bw = read_bandwidth(threads)
     print(f"\nmemory roof (decode is a pass over the weights per token): read bandwidth "
@@ -176,6 +210,10 @@ def main() -> None:
         dec = runs[lv][0].decode_tokens_per_s
         print(f"  accuracy_level {lv}: the kernels stream {nbytes / 1e6:.0f} MB/token -> roof "
               f"{bw / nbytes:.0f} tok/s; decode {dec:.1f} tok/s = {dec * nbytes / bw:.0%} of it")
+    if genai is not None:
+        print(f"  onnxruntime-genai's int4 file streams {genai['bytes'] / 1e6:.0f} MB/token -> roof "
+              f"{bw / genai['bytes']:.0f} tok/s; decode {genai['decode']:.1f} tok/s = "
+              f"{genai['decode'] * genai['bytes'] / bw:.0%} of it")
     for lv in (0, 4):
         print(f"\nconcurrent engine, accuracy_level {lv}, greedy streams (short prompts, "
               f"64 new tokens each):")

@@ -23,12 +23,17 @@ Model I/O follows onnxruntime-genai's decoder convention: ``input_ids`` int64
 ``(batch, seq)``, ``attention_mask`` int64 ``(batch, total_seq)``,
 ``past_key_values.{i}.key/value`` float32 ``(batch, kv_heads, past_seq,
 head_dim)`` -> ``logits`` float32 ``(batch, seq, vocab)``,
-``present.{i}.key/value``.
+``present.{i}.key/value``. The engine runs the folder's ``last_logits`` file
+(:func:`actorrt.genai.models.model_file`): one more input,
+``logits_positions`` int64 ``(batch, 1, 1)``, the position of each row whose
+logits it samples, and ``(batch, 1, vocab)`` logits, so a prompt costs one
+row of the LM head, not one per token (SmolLM2: 28M of its 135M weights).
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 import itertools
 import json
 import math
@@ -45,6 +50,7 @@ import trio
 from .._errors import GenerationError, InvalidArgumentError, SessionClosedError
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
+from .models import LOGITS_POSITIONS
 from .sampling import Sampler, SamplingParams
 
 __all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics"]
@@ -217,6 +223,8 @@ class Engine:
                           for kv in ("key", "value")]
         self._present_names = [f"present.{layer}.{kv}" for layer in self._layers
                                for kv in ("key", "value")]
+        # a last_logits file (models.model_file): the head reads one position a row
+        self._positions = LOGITS_POSITIONS in names
         self._host = next(p for p in session._providers if p.name == "cpu")
         self._inbox_send, self._inbox = trio.open_memory_channel(math.inf)
         self._waiting: deque[_Request] = deque()
@@ -425,10 +433,23 @@ class Engine:
         shape = (batch, self.kv_heads, length, self.head_dim)
         return huge_page_arrays(2 * len(self._layers), shape, np.float32)
 
-    def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray]) -> dict:
+    def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray],
+               last: list[int] | None = None) -> dict:
+        """A run's feeds; ``last``: each row's position in ``ids`` whose logits
+        are sampled (default: the last column), fed where the model takes
+        ``logits_positions``."""
         feeds = {"input_ids": ids, "attention_mask": mask}
+        if self._positions:
+            feeds[LOGITS_POSITIONS] = (np.full((ids.shape[0], 1, 1), ids.shape[1] - 1, np.int64)
+                                       if last is None
+                                       else np.asarray(last, np.int64).reshape(-1, 1, 1))
         feeds.update(zip(self._kv_names, kv))
         return feeds
+
+    def _row_logits(self, logits: np.ndarray, b: int, pos: int) -> np.ndarray:
+        """Row ``b``'s logits at position ``pos`` of its run's input (the run
+        was fed that position as ``logits_positions`` where the model takes it)."""
+        return logits[b, 0 if self._positions else pos]
 
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
         # the KV buffers have spare capacity: GroupQueryAttention appends in place
@@ -483,7 +504,8 @@ class Engine:
             ids[b, :len(r.prompt)] = r.prompt
             mask[b, :len(r.prompt)] = 1
         # no past: each row's present holds its prompt, then padding rows
-        logits, kv = await self._model(self._feeds(ids, mask, self._empty_kv(len(group), 0)))
+        logits, kv = await self._model(self._feeds(ids, mask, self._empty_kv(len(group), 0),
+                                                   [len(r.prompt) - 1 for r in group]))
         self._prefill_runs += 1
         now = time.perf_counter()
         for b, r in enumerate(group):
@@ -494,7 +516,7 @@ class Engine:
             r.length = r.prefilled = n
             self._prefilling.remove(r)
             r.t_first = now
-            self._emit(r, self._sample(r, logits[b, n - 1], r.prompt))
+            self._emit(r, self._sample(r, self._row_logits(logits, b, n - 1), r.prompt))
             if not r.done:
                 self._decoding.append(r)
         self._set_kv_bytes()
@@ -574,6 +596,9 @@ class Engine:
         masks = np.zeros((len(reqs), max(lengths) + limit + 1), np.int64)
         for b, n in enumerate(lengths):
             masks[b, :n + 1] = 1
+        # a step's one position a row, where the model takes logits_positions
+        positions = {LOGITS_POSITIONS: np.zeros((len(reqs), 1, 1), np.int64)
+                     } if self._positions else {}
         eos, context = self.eos, self.context
         interval = self.stream_interval_s
         unsent: list = []  # steps sampled, not yet handed to the event loop
@@ -640,7 +665,7 @@ class Engine:
             if outs is None:
                 return self._feeds(ids, mask, state["kv"])
             # the KV cache: the last step's present outputs (carried)
-            return {"input_ids": ids, "attention_mask": mask}
+            return {"input_ids": ids, "attention_mask": mask, **positions}
 
         self._decode_mark = t0
         await self.session.run_many(next_feeds, donate=self._kv_names, carry=carry)
@@ -833,7 +858,9 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
     if options is None:
         options = SessionOptions(parallel_execution=False)
-    path = await trio.to_thread.run_sync(model_file, folder, accuracy_level)
+    # the head reads only the positions the engine samples from
+    path = await trio.to_thread.run_sync(
+        functools.partial(model_file, folder, accuracy_level, last_logits=True))
     async with open_session(path, providers, options) as session:
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
                         kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk)

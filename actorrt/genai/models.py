@@ -32,7 +32,8 @@ import attrs
 from .._errors import ModelLoadError
 from .builder import BUILDER_VERSION, build_onnx
 
-__all__ = ["ACCURACY_LEVELS", "GenAIConfig", "KNOWN_MODELS", "load_genai_config", "model_file",
+__all__ = ["ACCURACY_LEVELS", "GenAIConfig", "KNOWN_MODELS", "LOGITS_POSITIONS",
+           "load_genai_config", "model_file",
            "model_home", "prepare_model"]
 
 #: ``MatMulNBits`` ``accuracy_level`` values a prepared folder offers: 0 keeps
@@ -268,7 +269,12 @@ def _source_gguf(name_or_path: str | os.PathLike[str], home: Path,
     return path, f"{path.stem.lower()}-{tag}", {"gguf": str(path), "size": st.st_size}
 
 
-def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
+#: the graph input of a ``last_logits`` model file (:func:`model_file`)
+LOGITS_POSITIONS = "logits_positions"
+
+
+def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0, *,
+               last_logits: bool = False) -> Path:
     """The ONNX file of a prepared folder for a ``MatMulNBits`` ``accuracy_level``.
 
     Level 0 is the folder's ``model.onnx``. Level 4 is ``model.accuracy4.onnx``,
@@ -276,18 +282,29 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
     every ``MatMulNBits`` node, reading the same ``model.onnx.data`` (a few
     hundred kB; onnxruntime loads it too).
 
+    With ``last_logits`` (``model[.accuracyN].last.onnx``, written on first
+    use): the LM head reads one position a batch row, so a prompt of S
+    tokens costs one row of the head instead of S (what llama.cpp computes
+    when only the last token's logits are asked for). The graph gains the
+    int64 input ``logits_positions`` (batch, 1, 1): each row's position in
+    this run's ``input_ids`` (0 <= p < sequence length, a negative p counts
+    from the end), taken by an ONNX ``GatherND`` (batch_dims=1) ahead of the
+    head; ``logits`` becomes (batch, 1, vocab) float32, the rows the full
+    model gives at those positions.
+
     Raises:
-        ModelLoadError: unknown level, or the folder's ``model.onnx`` is
-            unreadable.
+        ModelLoadError: unknown level, the folder's ``model.onnx`` is
+            unreadable, or (``last_logits``) no node makes its ``logits``.
     """
     folder = Path(folder)
     if type(accuracy_level) is not int or accuracy_level not in ACCURACY_LEVELS:
         raise ModelLoadError(f"accuracy_level must be one of {ACCURACY_LEVELS} (an int), got "
                              f"{accuracy_level!r}", model=str(folder))
     base = folder / "model.onnx"
-    if accuracy_level == 0:
+    if accuracy_level == 0 and not last_logits:
         return base
-    out = folder / f"model.accuracy{accuracy_level}.onnx"
+    out = folder / ("model" + (f".accuracy{accuracy_level}" if accuracy_level else "")
+                    + (".last" if last_logits else "") + ".onnx")
     try:
         if out.is_file() and out.stat().st_mtime_ns >= base.stat().st_mtime_ns:
             return out
@@ -297,12 +314,16 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
     except Exception as exc:  # OSError, protobuf's DecodeError, ...
         raise ModelLoadError(f"cannot read {base}: {type(exc).__name__}: {exc}",
                              model=str(folder)) from exc
-    for node in proto.graph.node:
-        if node.op_type == "MatMulNBits":
-            kept = [a for a in node.attribute if a.name != "accuracy_level"]
-            del node.attribute[:]
-            node.attribute.extend(kept)
-            node.attribute.append(onnx.helper.make_attribute("accuracy_level", accuracy_level))
+    if accuracy_level:
+        for node in proto.graph.node:
+            if node.op_type == "MatMulNBits":
+                kept = [a for a in node.attribute if a.name != "accuracy_level"]
+                del node.attribute[:]
+                node.attribute.extend(kept)
+                node.attribute.append(onnx.helper.make_attribute("accuracy_level",
+                                                                 accuracy_level))
+    if last_logits:
+        _last_logits(proto, folder)
     tmp = None
     try:  # a private temporary file, then an atomic rename: concurrent writers are safe
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=out.name + ".", suffix=".part")
@@ -315,6 +336,36 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0) -> Path:
         raise ModelLoadError(f"cannot write {out} (is the model folder writable?): {exc}",
                              model=str(folder)) from exc
     return out
+
+
+def _last_logits(proto: Any, folder: Path) -> None:
+    """``proto`` rewritten in place for :func:`model_file`'s ``last_logits``."""
+    import onnx
+
+    g = proto.graph
+    logits = next((o for o in g.output if o.name == "logits"), None)
+    head = next((n for n in g.node if "logits" in n.output), None)
+    if logits is None or head is None or not head.input:
+        raise ModelLoadError("no node makes the graph output 'logits'", model=str(folder))
+    picked = "logits_positions/rows"
+    batch = "batch_size"
+    ids = next((i for i in g.input if i.name == "input_ids"), None)
+    if ids is not None and ids.type.tensor_type.shape.dim:
+        d0 = ids.type.tensor_type.shape.dim[0]
+        batch = d0.dim_param or d0.dim_value or batch
+    g.input.append(onnx.helper.make_tensor_value_info(LOGITS_POSITIONS, onnx.TensorProto.INT64,
+                                                      [batch, 1, 1]))
+    gather = onnx.helper.make_node("GatherND", [head.input[0], LOGITS_POSITIONS], [picked],
+                                   name="logits_positions/GatherND", batch_dims=1)
+    head.input[0] = picked
+    nodes = list(g.node)
+    nodes.insert(nodes.index(head), gather)
+    del g.node[:]
+    g.node.extend(nodes)
+    dims = logits.type.tensor_type.shape.dim
+    if len(dims) == 3:
+        dims[1].Clear()
+        dims[1].dim_value = 1
 
 
 def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,

@@ -392,6 +392,38 @@ def test_model_file_concurrent_writers_and_a_corrupt_model(tmp_path):
         models_mod.model_file(bad, 4)
 
 
+@pytest.mark.parametrize("level", [0, 4])
+def test_last_logits_file_picks_rows_as_onnxruntime_does(tmp_path, level):
+    # the head reads one position a row: onnxruntime on the variant gives
+    # the rows it gives on model.onnx at those positions (batch 2, right
+    # padding, a negative position); actorrt runs the variant likewise
+    import actorrt
+
+    src = write_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = prepare_model(src, home=tmp_path / "home", progress=False)
+    cfg = load_genai_config(folder)
+    path = models_mod.model_file(folder, level, last_logits=True)
+    assert path.name == ("model.last.onnx" if level == 0 else "model.accuracy4.last.onnx")
+    var = onnx.load(path, load_external_data=False)
+    assert [i.name for i in var.graph.input][-1] == models_mod.LOGITS_POSITIONS
+    ids = np.array([[3 + 84, 260, 261, 3 + 32, 3 + 97, 259], [5, 40, 261, 7, 0, 0]], np.int64)
+    mask = np.array([[1] * 6, [1] * 4 + [0] * 2], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    feeds.update({n: np.zeros((2, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+                  for n in cfg.kv_input_names()})
+    pos = np.array([5, -3], np.int64).reshape(2, 1, 1)  # row 1: its last real token, 3
+    full = ort.InferenceSession(str(models_mod.model_file(folder, level)),
+                                providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
+    last = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        ["logits"], {**feeds, models_mod.LOGITS_POSITIONS: pos})[0]
+    assert last.shape == (2, 1, full.shape[2])
+    np.testing.assert_array_equal(last[:, 0], full[[0, 1], [5, 3]])
+    with actorrt.InferenceSession(path) as sess:
+        got = sess.run(["logits"], {**feeds, models_mod.LOGITS_POSITIONS: pos})[0]
+    tol = 1e-4 if level == 0 else 0.1  # level 4: int8 activations here, float32 in ORT
+    np.testing.assert_allclose(got, last, rtol=tol, atol=tol * np.abs(last).max())
+
+
 def test_accuracy_level_4_graph_matches_onnxruntime_int8(tmp_path):
     """Q4_0 and Q8_0 weights have uint8 zero points, so onnxruntime quantizes
     A to int8 in every MatMulNBits at level 4: a whole-model peer check of the

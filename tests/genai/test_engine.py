@@ -401,7 +401,7 @@ def test_accuracy_level_4_keeps_perplexity_and_next_tokens(model_dir):
 
 async def test_engine_runs_the_accuracy_level_4_graph(model_dir):
     async with open_engine(model_dir, accuracy_level=4) as engine:
-        assert engine.session.model_name.endswith("model.accuracy4.onnx")
+        assert engine.session.model_name.endswith("model.accuracy4.last.onnx")
         result = await engine.generate("The capital of France is", GREEDY)
     assert "Paris" in result.text
     with pytest.raises(actorrt.ModelLoadError, match="accuracy_level"):

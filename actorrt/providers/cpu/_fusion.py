@@ -275,6 +275,18 @@ if _i8.HAVE_INT8_DOT:
             _done(ctr, stage)
         _wait_warm(ctr, stage, row_chunks, w0, w1, pf)
 
+    @njit(nogil=True, cache=True)
+    def _gather_stage(stage, ctr, a, rows, out):  # pragma: no cover - compiled
+        # a stage copying row rows[i] of a into row i of out, a row a chunk
+        n = rows.shape[0]
+        while True:
+            c = _claim(ctr, stage)
+            if c >= n:
+                break
+            out[c, :] = a[rows[c], :]
+            _done(ctr, stage)
+        _wait(ctr, stage, n)
+
     @njit(fastmath=True, nogil=True, cache=True)
     def _project(stage, ctr, xb, mats, outs, cw, parts, pf):  # pragma: no cover - compiled
         # up to three projections of the same quantized activation, their
@@ -548,7 +560,7 @@ if _i8.HAVE_INT8_DOT:
                       interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
                       ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
                       inv, ctrs, cw, nw, nd, threads, parts, pf, pa, spans, hw, hd, hz, head,
-                      logits):  # pragma: no cover - compiled
+                      logits, head_rows, hsrc, gq, gs, gx, gt, gu):  # pragma: no cover - compiled
         for _ in prange(threads):
             n_layers = wt.shape[0]
             for l in range(n_layers):
@@ -571,21 +583,32 @@ if _i8.HAVE_INT8_DOT:
                          spans)
             if head:  # the LM head on the last layer's output, counters of its own
                 hc = ctrs[n_layers]
-                _quantize_stage(0, hc, x, hq, hs, hx, ht, hu, (x.shape[0] + 7) // 8, hw, hw, 0)
-                _project(1, hc, (hq, hs, hx, ht, hu), ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
-                         (logits, logits, logits), cw, parts, 0)
+                if head_rows.shape[0]:  # the rows it reads, gathered into hsrc
+                    _gather_stage(0, hc, x, head_rows, hsrc)
+                    _quantize_stage(1, hc, hsrc, gq, gs, gx, gt, gu, (hsrc.shape[0] + 7) // 8,
+                                    hw, hw, 0)
+                    _project(2, hc, (gq, gs, gx, gt, gu),
+                             ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
+                             (logits, logits, logits), cw, parts, 0)
+                else:
+                    _quantize_stage(1, hc, x, hq, hs, hx, ht, hu, (x.shape[0] + 7) // 8, hw, hw,
+                                    0)
+                    _project(2, hc, (hq, hs, hx, ht, hu),
+                             ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
+                             (logits, logits, logits), cw, parts, 0)
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
                       cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
                       window, threads, cw, parts, pf, span_units, span_rows, hw, hd, hz,
-                      head):  # pragma: no cover - compiled
+                      head, head_rows):  # pragma: no cover - compiled
         # kvt: (layers, 2) addresses of each layer's key and value buffers,
         # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
         # (the caller checked them: see _kv_table). head: also the LM head,
         # an int8 MatMulNBits (hw, hd, hz: its prepacked weight, K = hidden),
-        # on the last layer's output, into the returned (B * S, N) logits
+        # on the last layer's output, into the returned (B * S, N) logits;
+        # with head_rows (int64, not empty), on those rows of it only: (R, N)
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         n_layers = wt.shape[0]
@@ -603,7 +626,10 @@ if _i8.HAVE_INT8_DOT:
          au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
         ctrs = np.zeros((n_layers + 1, 20), np.int64)
-        logits = np.empty((m, hw.shape[0]) if head else (0, 0), np.float32)
+        n_rows = head_rows.shape[0] if head_rows.shape[0] else m
+        logits = np.empty((n_rows, hw.shape[0]) if head else (0, 0), np.float32)
+        hsrc = np.empty((head_rows.shape[0], hidden), np.float32)
+        gq, gs, gx, gt, gu = _i8._act_buffers(head_rows.shape[0], hidden)
         spans, pa = _spans(bsz, kv_heads, s_len, t_max, False, heads // kv_heads, d,
                            span_units, span_rows)
         _stack_region(x, r, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz, uw,
@@ -612,7 +638,7 @@ if _i8.HAVE_INT8_DOT:
                       rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
                       down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans, hw,
-                      hd, hz, head, logits)
+                      hd, hz, head, logits, head_rows, hsrc, gq, gs, gx, gt, gu)
         return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans, logits
 
 
@@ -879,7 +905,10 @@ class DecoderStack(Kernel):
     present_value_0, ...)``, each layer's exactly as its block defines them.
     With ``head`` (the LM head: a com.microsoft MatMulNBits step reading the
     last layer's ``h``, whose ``residual`` nothing reads), the first output is
-    the head's ``(B, S, N)`` logits instead of ``h``.
+    the head's ``(B, S, N)`` logits instead of ``h``. With ``select`` too (an
+    ONNX GatherND step, batch_dims 1, between the two), the stack's last
+    input is its int64 ``(B, 1, 1)`` indices and the head reads only the row
+    each picks: ``(B, 1, N)`` logits.
 
     The compiled path runs every layer (and an int8 head) in one parallel
     region (see ``_stack_region``) and needs every KV buffer donated with
@@ -890,11 +919,12 @@ class DecoderStack(Kernel):
     multi_output = True
 
     def __init__(self, node: NodeSpec, blocks: Sequence[Any], head: Any = None,
-                 head_consts: Sequence[Any] = ()):
+                 head_consts: Sequence[Any] = (), select: Any = None):
         super().__init__(node)
         self.blocks = list(blocks)
         self.head = head
         self.head_consts = tuple(head_consts)  # the head's inputs after A (constants)
+        self.select = select if head is not None else None
         n = len(self.blocks)
         self.inplace = {2 + 2 * i: 6 + 2 * i for i in range(n)}
         self.inplace.update({3 + 2 * i: 7 + 2 * i for i in range(n)})
@@ -922,23 +952,33 @@ class DecoderStack(Kernel):
         return (h, residual, *presents)
 
     def run(self, h, residual, seqlens_k, total, cos_cache=None, sin_cache=None, *kv):
+        rows = None
+        if self.select is not None:
+            kv, rows = kv[:-1], kv[-1]
         out = self._chain([b.kernel.run for b in self.blocks], h, residual, seqlens_k, total,
                           cos_cache, sin_cache, kv)
         if self.head is None:
             return out
-        return (self.head.kernel.run(out[0], *self.head_consts), *out[1:])
+        x = out[0] if rows is None else self.select.kernel.run(out[0], rows)
+        return (self.head.kernel.run(x, *self.head_consts), *out[1:])
 
     def compile(self) -> Callable:
         fns = [b.fn for b in self.blocks]
         blocks_chain = self._chain
         head_fn = self.head.fn if self.head is not None else None
         head_consts = self.head_consts
+        select_fn = self.select.fn if self.select is not None else None
+        n_kv = 2 * len(fns)
 
         def chain(fns, h, residual, seqlens_k, total, cos_cache, sin_cache, kv):
+            rows = None
+            if select_fn is not None:
+                kv, rows = kv[:-1], kv[-1]
             out = blocks_chain(fns, h, residual, seqlens_k, total, cos_cache, sin_cache, kv)
             if head_fn is None:
                 return out
-            return (head_fn(out[0], *head_consts), *out[1:])
+            x = out[0] if rows is None else select_fn(out[0], rows)
+            return (head_fn(x, *head_consts), *out[1:])
 
         statics = [b.kernel.statics() for b in self.blocks]
         if any(st is None for st in statics) or not _same_layers(statics):
@@ -968,29 +1008,38 @@ class DecoderStack(Kernel):
         head_args = ((hp.qi, hp.scales, hp.dz, True) if in_region
                      else (templates[0][:0], templates[1][:0], templates[1][:0], False))
         n_vocab = hp.n if in_region else 0
+        no_rows = _NO_ROWS
         # (weak references to the KV buffers last checked, their address
         # table): a finished request's cache is not kept alive
         checked: list = [None]
 
         def decoder_stack(h, residual, seqlens_k, total_sequence_length, cos_cache=None,
                           sin_cache=None, *kv):
+            full = kv  # what the unfused chain reads (the row indices last)
+            rows = no_rows
+            if select_fn is not None:
+                rows = _head_rows(kv[-1], h) if len(kv) == n_kv + 1 and in_region else None
+                if rows is None:  # the GatherND step itself checks (and names) them
+                    return chain(fns, h, residual, seqlens_k, total_sequence_length,
+                                 cos_cache, sin_cache, full)
+                kv = kv[:-1]
             if (len(kv) != 2 * n_layers or h.dtype != f32 or residual.dtype != f32
                     or h.ndim != 3 or h.shape[2] != hidden or residual.shape != h.shape
                     or not h.flags.c_contiguous or not residual.flags.c_contiguous):
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
-                             sin_cache, kv)
+                             sin_cache, full)
             bsz, s = h.shape[0], h.shape[1]
             ready = prep(bsz, s, width, packed, kv[0], kv[1], seqlens_k, total_sequence_length,
                          cos_cache, sin_cache)
             if ready is None or ready[2] or ready[0] is not kv[0]:
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
-                             sin_cache, kv)
+                             sin_cache, full)
             known = checked[0]  # one read: another thread may replace it
             if known is None or any(w() is not a for w, a in zip(known[0], kv)):
                 kvt = _kv_table(kv)  # every layer's buffers like layer 0's, or None
                 if kvt is None:
                     return chain(fns, h, residual, seqlens_k, total_sequence_length,
-                                 cos_cache, sin_cache, kv)
+                                 cos_cache, sin_cache, full)
                 known = checked[0] = (tuple(weakref.ref(a) for a in kv), kvt)
             seqlens, total, alpha = ready[3], ready[4], ready[5]
             team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
@@ -999,21 +1048,41 @@ class DecoderStack(Kernel):
                 kv[0], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args)
+                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
-                             sin_cache, kv)
+                             sin_cache, full)
             variant("fusion", "decoder-stack", "%d int8 blocks%s in one parallel region, "
                     "attention in %d span(s)", n_layers, " and the LM head" if in_region else "",
                     spans)
             if in_region:
-                return (logits.reshape(bsz, s, n_vocab), r, *kv)
+                return (logits.reshape(bsz, s if select_fn is None else 1, n_vocab), r, *kv)
             if head_fn is not None:
                 return (head_fn(y, *head_consts), r, *kv)
             return (y, r, *kv)
 
         decoder_stack.keep = keep  # the weights the table points at
         return decoder_stack
+
+
+_NO_ROWS = np.zeros(0, np.int64)  # the head reads every row
+
+
+def _head_rows(idx: Any, h: np.ndarray) -> np.ndarray | None:
+    """The rows of ``h`` (B, S, hidden) flattened to (B * S, hidden) that
+    GatherND (batch_dims 1) with int64 indices ``idx`` (B, 1, 1) picks (a
+    negative index counts from the end), ``_NO_ROWS`` when that is every row
+    (S = 1); None when ``idx`` is not such an array or out of range."""
+    if (not isinstance(idx, np.ndarray) or idx.dtype != np.int64 or h.ndim != 3
+            or idx.shape != (h.shape[0], 1, 1)):
+        return None
+    s = h.shape[1]
+    p = idx.reshape(-1)
+    if s == 1 and not p.any():
+        return _NO_ROWS
+    if p.size and (p.min() < -s or p.max() >= s):
+        return None
+    return np.arange(0, p.size * s, s, dtype=np.int64) + np.where(p < 0, p + s, p)
 
 
 def _kv_table(kv: Sequence[Any]) -> np.ndarray | None:
@@ -1062,19 +1131,31 @@ def _same_layers(statics: Sequence[dict]) -> bool:
     return True
 
 
-def _lm_head(g: StepGraph, last: Any, consts: dict[int, Any]) -> Any:
-    """The step reading ``last`` block's ``h3`` alone when it is an LM head
-    the stack can take in (a com.microsoft MatMulNBits of int8 layout with
-    constant weights, K = hidden) and nothing reads the block's ``r3``."""
+def _lm_head(g: StepGraph, last: Any, consts: dict[int, Any]) -> tuple[Any, Any] | None:
+    """``(head, select)``: the step reading ``last`` block's ``h3`` alone when
+    it is an LM head the stack can take in (a com.microsoft MatMulNBits of
+    int8 layout with constant weights, K = hidden) and nothing reads the
+    block's ``r3``; ``select`` None, or the ONNX ``GatherND`` (batch_dims 1,
+    its indices not a constant) between them that picks the rows the head
+    reads (a ``last_logits`` model file: :func:`actorrt.genai.models.model_file`)."""
+    if not g.unused(last.outputs[1]):
+        return None
     head = g.only_reader(last.outputs[0])
-    if (head is None or not _is(head, "MatMulNBits") or head.inputs[0] != last.outputs[0]
-            or not g.unused(last.outputs[1]) or len(head.outputs) != 1
+    select = None
+    if (head is not None and _is(head, "GatherND", "") and len(head.inputs) == 2
+            and head.inputs[0] == last.outputs[0] and head.inputs[1] >= 0
+            and head.inputs[1] not in consts and len(head.outputs) == 1
+            and head.node.attrs.get("batch_dims", 0) == 1):
+        select, head = head, g.only_reader(head.outputs[0])
+    src = select.outputs[0] if select is not None else last.outputs[0]
+    if (head is None or not _is(head, "MatMulNBits") or head.inputs[0] != src
+            or len(head.outputs) != 1
             or any(i >= 0 and i not in consts for i in head.inputs[1:])):
         return None
     p = getattr(head.kernel, "packed", None)
     if p is None or p.qi is None or p.empty or p.n_blocks * p.block_size != p.k:
         return None
-    return head
+    return head, select
 
 
 def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..., Any],
@@ -1108,41 +1189,48 @@ def fuse_decoder_stacks(steps: list, protected: set[int], make_step: Callable[..
         outs = [o for b in run for o in b.outputs[2:4]] + list(run[-1].outputs[:2])
         if g.read_early(run, outs, pos):
             continue
-        head = _lm_head(g, run[-1], consts) if consts is not None and STACK_HEAD else None
-        if head is not None and g.read_early(run + [head], outs + list(head.outputs), pos):
-            head = None
-        members = run + [head] if head is not None else run
+        found = _lm_head(g, run[-1], consts) if consts is not None and STACK_HEAD else None
+        head, select = found if found is not None else (None, None)
+        extra = [x for x in (select, head) if x is not None]
+        if extra and g.read_early(run + extra, outs + [o for x in extra for o in x.outputs],
+                                  pos):
+            head = select = None
+            extra = []
         hc = tuple(consts[i] if i >= 0 else None for i in head.inputs[1:]) if head else ()
-        groups.append((members, (run, head, hc)))
-    return replace_groups(steps, groups, lambda pl: _stack_step(*pl, make_step))
+        groups.append((run + extra, (run, head, hc, select)))
+    return replace_groups(steps, groups, lambda pl: _stack_step(*pl, make_step=make_step))
 
 
-def _stack_step(run: list, head: Any, head_consts: tuple, make_step: Callable[..., Any]) -> Any:
+def _stack_step(run: list, head: Any, head_consts: tuple, select: Any,
+                make_step: Callable[..., Any]) -> Any:
     first, last = run[0], run[-1]
     kv_in = [i for b in run for i in b.inputs[2:4]]
     kv_out = [o for b in run for o in b.outputs[2:4]]
-    in_slots = (*first.inputs[:2], *first.inputs[4:8], *kv_in)
+    # a head's row selection: its indices are the stack's last input
+    in_slots = (*first.inputs[:2], *first.inputs[4:8], *kv_in,
+                *((select.inputs[1],) if select is not None else ()))
     out_slots = (head.outputs[0] if head is not None else last.outputs[0], last.outputs[1],
                  *kv_out)
-    names, types = slot_names(run + ([head] if head is not None else []))
+    extra = [x for x in (select, head) if x is not None]
+    names, types = slot_names(run + extra)
     base = [b.node.name.rsplit("/", 1)[0] for b in (first, last)]
     common = len(os.path.commonprefix(base))
     while common and base[1][common - 1].isdigit():  # "layers.0".."layers.29": "layers."
         common -= 1
     node = NodeSpec(name=f"{base[0]}..{base[1][common:]}/{STACK_OP}", op_type=STACK_OP,
                     domain=FUSED_DOMAIN, opset=1,
-                    attrs={"fused_nodes": [b.node.name for b in run]
-                           + ([head.node.name] if head is not None else []), "variant": "i8"},
+                    attrs={"fused_nodes": [b.node.name for b in run + extra],
+                           "variant": "i8"},
                     inputs=tuple(names.get(s, "") if s >= 0 else "" for s in in_slots),
                     outputs=tuple(names.get(s, "") if s >= 0 else "" for s in out_slots),
                     input_types=tuple(types.get(s) for s in in_slots),
                     output_types=tuple(types.get(s) for s in out_slots),
                     model=first.node.model)
     cost = run[0].cost
-    for b in run[1:] + ([head] if head is not None else []):
+    for b in run[1:] + extra:
         cost = cost + b.cost
-    return make_step(node, first.provider, DecoderStack(node, run, head, head_consts), in_slots,
-                     out_slots, cost)
+    return make_step(node, first.provider, DecoderStack(node, run, head, head_consts, select),
+                     in_slots, out_slots, cost)
 
 
 def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any],

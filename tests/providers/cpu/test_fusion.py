@@ -69,14 +69,17 @@ def decode_feeds(cfg, steps=(5, 1, 1), batch_lengths=(1,), capacity=16, seed=0):
         lengths = [n + s for n in lengths]
 
 
-async def run_steps(path, cfg, options, **kw):
-    """logits and present KV of every step (copies)."""
+async def run_steps(path, cfg, options, extra=(), **kw):
+    """logits and present KV of every step (copies); ``extra[i]``: more feeds
+    of step i."""
     got = []
     async with open_session(path, None, options) as sess:
         names = cfg.kv_input_names()
         fusions = list(sess.plan.fusions)
         state = None
-        for feeds, kv in decode_feeds(cfg, **kw):
+        for i, (feeds, kv) in enumerate(decode_feeds(cfg, **kw)):
+            if i < len(extra):
+                feeds.update(extra[i])
             if state is not None:
                 feeds.update(state)
             outs = await sess.run(None, feeds, donate=names)
@@ -240,6 +243,46 @@ async def test_stack_takes_in_the_lm_head(tiny, monkeypatch):
     for a, b in zip(fused, apart):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+async def test_stack_head_reads_only_the_picked_rows(tiny, monkeypatch):
+    # a last_logits file: the GatherND picking one position a row joins the
+    # stack with the head; the region's logits are the rows of the full
+    # file's at those positions (prefill of 5, batch 2 with a negative
+    # position; then decode steps), as the unfused nodes give them; a
+    # position out of range is GatherND's error, under the stack's name
+    folder, cfg = tiny["q4_1"]
+    path = models_mod.model_file(folder, 4, last_logits=True)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    notes = []
+    record = _fusion.tracing.kernel_variant
+    monkeypatch.setattr(_fusion.tracing, "kernel_variant", lambda *a: (
+        notes.append(a[2] % a[3:]) if a[1] == "decoder-stack" else None, record(*a))[1])
+    key = models_mod.LOGITS_POSITIONS
+    picks = [np.array([4, -3]), np.zeros(2, np.int64), np.zeros(2, np.int64)]
+    extra = [{key: p.astype(np.int64).reshape(2, 1, 1)} for p in picks]
+    run = dict(steps=(5, 1, 1), batch_lengths=(0, 2))
+    with kernel_threads(2):
+        got, fusions = await run_steps(path, cfg, SessionOptions(), extra=extra, **run)
+        ours = list(notes)
+        full, _ = await run_steps(model_path(tiny, "q4_1", 4)[0], cfg, SessionOptions(), **run)
+        plain, none = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), extra=extra,
+                                      **run)
+    assert fusions[-1][1][-2:] == ("logits_positions/GatherND", "lm_head/MatMulNBits")
+    assert not none and len(ours) == 3 and all("and the LM head" in n for n in ours)
+    for step, (g, f, p) in enumerate(zip(got, full, plain)):
+        rows = [4, 2] if step == 0 else [0, 0]
+        assert g[0].shape == (2, 1, f[0].shape[2])
+        np.testing.assert_allclose(g[0][:, 0], f[0][[0, 1], rows], rtol=1e-5, atol=1e-5)
+        assert_steps_close([g], [p], 1e-5)
+        for x, y in zip(g[1:], f[1:]):  # the same KV cache
+            np.testing.assert_array_equal(x, y)
+    (feeds, _), = decode_feeds(cfg, steps=(5,), batch_lengths=(0, 2))
+    feeds[key] = np.array([5, 0], np.int64).reshape(2, 1, 1)
+    async with open_session(path) as sess:
+        with pytest.raises(KernelError, match=r"DecoderStack.*out of range"):
+            await sess.run(None, feeds)
 
 
 async def test_fused_model_matches_onnxruntime(tiny):

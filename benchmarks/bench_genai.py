@@ -193,10 +193,11 @@ def main() -> None:
         if r is None:
             print(f"{name:34} not installed: {missing}")
             continue
-        same = next((i for i, (a, b) in enumerate(zip(ours4.token_ids, r["ids"])) if a != b),
-                    min(len(ours4.token_ids), len(r["ids"])))
+        same = [next((i for i, (a, b) in enumerate(zip(runs[lv][0].token_ids, r["ids"]))
+                      if a != b), min(len(runs[lv][0].token_ids), len(r["ids"])))
+                for lv in (0, 4)]
         print(f"{name:34} {r['prompt']:13.1f} {r['decode']:13.1f}   (greedy ids equal "
-              f"accuracy_level 4's for the first {same})")
+              f"level 0's for the first {same[0]}, level 4's for the first {same[1]})")
         print(f"{'ratio actorrt level 4/it':34} {ours4.prompt_tokens_per_s / r['prompt']:13.2f} "
               f"{ours4.decode_tokens_per_s / r['decode']:13.2f}")
     if llama is not None:

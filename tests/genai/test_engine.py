@@ -327,6 +327,41 @@ def test_same_onnx_file_in_onnxruntime_teacher_forced_logits(model_dir):
     assert np.abs(got - want).max() <= 1e-3
 
 
+async def test_engine_greedy_equals_the_full_logits_file(model_dir):
+    # the engine runs the last_logits file (the head on each row's sampled
+    # position only); its greedy tokens equal argmax decoding of model.onnx's
+    # full logits, the file compared with onnxruntime above (a 7-token
+    # prompt, 24 tokens; and a prompt split over prefill chunks)
+    import json
+    layers = json.loads((model_dir / "genai_config.json").read_text())["model"]["num_layers"]
+    ids = [504, 3575, 282, 4649, 314, 2070, 7636]
+    names = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+
+    def reference():  # the synchronous session: in a thread
+        out = []
+        with actorrt.InferenceSession(model_dir / "model.onnx") as sess:
+            past = {f"past_key_values.{i}.{k}": np.zeros((1, 3, 0, 64), np.float32)
+                    for i in range(layers) for k in ("key", "value")}
+            step = np.asarray([ids], np.int64)
+            for _ in range(24):
+                res = sess.run(names, {"input_ids": step, "attention_mask": np.ones(
+                    (1, len(ids) + len(out)), np.int64), **past})
+                out.append(int(np.argmax(res[0][0, -1])))
+                past = {f"past_key_values.{i}.{k}": res[1 + 2 * i + (k == "value")]
+                        for i in range(layers) for k in ("key", "value")}
+                step = np.asarray([[out[-1]]], np.int64)
+        return out
+
+    want = await trio.to_thread.run_sync(reference)
+    async with open_engine(model_dir) as engine:
+        assert engine.session.model_name.endswith("model.last.onnx")
+        got = await engine.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        engine.prefill_chunk = 3  # the prompt over three prefill runs
+        chunked = await engine.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert got.token_ids == want
+    assert chunked.token_ids == want
+
+
 @pytest.mark.slow
 def test_greedy_64_tokens_equal_onnxruntime(model_dir):
     ort = pytest.importorskip("onnxruntime")

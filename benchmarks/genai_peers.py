@@ -150,8 +150,9 @@ def int4_bytes(peer: Path) -> int:
 def ort_genai_greedy(folder: Path, ids: list[int], new_tokens: int, threads: int,
                      rounds: int = 3) -> dict | None:
     """onnxruntime-genai greedy decode of ``new_tokens`` after ``ids`` on the
-    int4 re-quantization (built on first use): prompt and decode tok/s of the
-    run of median decode speed, its token ids; None without the package."""
+    int4 re-quantization (built on first use): decode tok/s of the run of
+    median decode speed, its token ids, the median prompt tok/s, and the
+    bytes its weights stream a token; None without the package."""
     try:
         import onnxruntime_genai as og
     except ImportError:
@@ -179,7 +180,8 @@ def ort_genai_greedy(folder: Path, ids: list[int], new_tokens: int, threads: int
                      "ids": out})
         del gen
     runs = sorted(runs[1:], key=lambda r: r["decode"])
-    return {**runs[len(runs) // 2], "bytes": int4_bytes(peer)}
+    prompt = sorted(r["prompt"] for r in runs)[len(runs) // 2]
+    return {**runs[len(runs) // 2], "prompt": prompt, "bytes": int4_bytes(peer)}
 
 
 _LLAMA_SCRIPT = r"""
@@ -208,15 +210,16 @@ for _ in range(rounds + 1):
     t2 = time.perf_counter()
     runs.append({"prompt": len(ids) / (t1 - t0), "decode": (n - 1) / (t2 - t1), "ids": out})
 runs = sorted(runs[1:], key=lambda r: r["decode"])
-print(json.dumps({**runs[len(runs) // 2], "version": L.__version__}))
+prompt = sorted(r["prompt"] for r in runs)[len(runs) // 2]
+print(json.dumps({**runs[len(runs) // 2], "prompt": prompt, "version": L.__version__}))
 """
 
 
 def llama_cpp_greedy(gguf: Path, ids: list[int], new_tokens: int, threads: int,
                      python: str | None = None, rounds: int = 3) -> dict | None:
     """llama.cpp (through llama-cpp-python, in a subprocess of ``python``,
-    default this interpreter) greedy decode on the GGUF: prompt and decode
-    tok/s of the run of median decode speed, its token ids and the
+    default this interpreter) greedy decode on the GGUF: decode tok/s of the
+    run of median decode speed, its token ids, the median prompt tok/s and the
     llama-cpp-python version; None when ``llama_cpp`` is not importable.
 
     Raises:

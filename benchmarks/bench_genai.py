@@ -75,21 +75,14 @@ def weight_bytes_per_token(folder) -> tuple[int, int, int]:
     level-4 session holds them). Every decode step reads each once."""
     import onnx
     m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-    sizes = {}
-    for t in m.graph.initializer:
-        n = 1
-        for d in t.dims:
-            n *= d
-        sizes[t.name] = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    file_b = kern_b = 0
+    kern_b = 0
     for node in m.graph.node:
         if node.op_type != "MatMulNBits":
             continue
         at = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         n, k, bs = at["N"], at["K"], at["block_size"]
-        nb = -(-k // bs)
-        file_b += sum(sizes.get(x, 0) for x in node.input[1:4] if x)
-        kern_b += n * nb * bs + 2 * 4 * n * nb
+        kern_b += n * -(-k // bs) * bs + 2 * 4 * n * -(-k // bs)
+    file_b = genai_peers.nbits_weight_bytes(folder / "model.onnx")
     return file_b, kern_b, int8_packed_bytes(model_file(folder, 4))
 
 

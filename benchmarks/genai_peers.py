@@ -134,17 +134,18 @@ def ort_genai_int4_folder(folder: Path, threads: int) -> Path:
     return out
 
 
-def int4_bytes(peer: Path) -> int:
-    """Bytes of the re-quantized file's MatMulNBits weights, scales and zero
-    points: what its decode streams a token."""
+def nbits_weight_bytes(path: Path) -> int:
+    """Bytes of an ONNX file's MatMulNBits weights, scales and zero points
+    (each initializer counted once): what a decode step streams from them."""
     import onnx
-    m = onnx.load(str(peer / "model.onnx"), load_external_data=False)
+    m = onnx.load(str(path), load_external_data=False)
     size = {}
     for t in m.graph.initializer:
         n = int(np.prod(t.dims, dtype=np.int64))
         size[t.name] = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    return sum(size.get(x, 0) for node in m.graph.node if node.op_type == "MatMulNBits"
-               for x in node.input[1:4] if x)
+    names = {x for node in m.graph.node if node.op_type == "MatMulNBits"
+             for x in node.input[1:4] if x}
+    return sum(size.get(x, 0) for x in names)
 
 
 def ort_genai_greedy(folder: Path, ids: list[int], new_tokens: int, threads: int,
@@ -181,7 +182,7 @@ def ort_genai_greedy(folder: Path, ids: list[int], new_tokens: int, threads: int
         del gen
     runs = sorted(runs[1:], key=lambda r: r["decode"])
     prompt = sorted(r["prompt"] for r in runs)[len(runs) // 2]
-    return {**runs[len(runs) // 2], "prompt": prompt, "bytes": int4_bytes(peer)}
+    return {**runs[len(runs) // 2], "prompt": prompt, "bytes": nbits_weight_bytes(peer / "model.onnx")}
 
 
 _LLAMA_SCRIPT = r"""

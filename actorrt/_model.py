@@ -3,9 +3,11 @@ becomes an ``onnx_ir.Model`` with functions inlined, unused nodes removed, nodes
 sorted topologically and shapes inferred (onnx's inference; symbolic dims are
 resolved at run time).
 
-External data is memory-mapped by onnx-ir; every location is checked first: it
-must be a relative path inside the model's folder and the file must hold the
-bytes the tensor claims.
+Before anything reads a tensor, every tensor the model carries is checked
+(:mod:`actorrt._loading.tensors`): inline data of the right size; external
+data only for a model loaded from a path, at a relative location that stays
+inside the model's folder (symlinks resolved) and within the file. External
+data is then memory-mapped by onnx-ir.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from ._errors import ModelLoadError
+from ._loading.tensors import anchor_external_tensors, check_tensor_protos
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
 
@@ -39,57 +42,6 @@ class LoadedModel:
     model: ir.Model
     name: str
     base_dir: Path | None
-
-
-def _iter_tensor_protos(graph: onnx.GraphProto):
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
-            elif a.type == onnx.AttributeProto.TENSORS:
-                yield from a.tensors
-            elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_tensor_protos(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _iter_tensor_protos(g)
-
-
-def _check_external_data(proto: onnx.ModelProto, base_dir: Path | None, name: str) -> None:
-    """Refuse external data that is missing, truncated or escapes ``base_dir``."""
-    for t in _iter_tensor_protos(proto.graph):
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        if base_dir is None:
-            raise ModelLoadError(
-                f"initializer {t.name!r} keeps its data in external file {loc!r}, "
-                "but the model was not given as a path; load it from its file",
-                model=name)
-        if not loc or os.path.isabs(loc) or loc.startswith(("/", "\\")):
-            raise ModelLoadError(
-                f"initializer {t.name!r}: external data location {loc!r} must be a "
-                "relative path inside the model's folder", model=name)
-        base = base_dir.resolve()
-        path = (base / loc).resolve()
-        if base != path and base not in path.parents:
-            raise ModelLoadError(
-                f"initializer {t.name!r}: external data location {loc!r} escapes the "
-                f"model's folder {str(base)!r}; refused", model=name)
-        if not path.is_file():
-            raise ModelLoadError(
-                f"initializer {t.name!r}: external data file {str(path)!r} is missing",
-                model=name)
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
-        size = path.stat().st_size
-        if length is not None and offset + int(length) > size:
-            raise ModelLoadError(
-                f"initializer {t.name!r}: external data file {str(path)!r} holds "
-                f"{size} bytes, tensor needs bytes {offset}..{offset + int(length)}",
-                model=name)
 
 
 def _proto_from(model: ModelLike) -> tuple[onnx.ModelProto, str, Path | None]:
@@ -139,19 +91,21 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
         proto, name, base_dir = _proto_from(model)
         if not proto.HasField("graph"):
             raise ModelLoadError("the model has no graph", model=name)
-        _check_external_data(proto, base_dir, name)
+        check_tensor_protos(proto, base_dir, name)
         try:
             m = ir.serde.deserialize_model(proto)
         except Exception as e:
             raise ModelLoadError(f"cannot read the model's graph: {e}", model=name) from e
-        if base_dir is not None:
-            _set_base_dir(m.graph, str(base_dir))
+    # every external tensor (functions' Constant values too) anchored at the
+    # model's folder and checked again, before any pass can read one
+    anchor_external_tensors(m, base_dir, name)
     try:
         m = common_passes.InlinePass()(m).model
         m = common_passes.RemoveUnusedFunctionsPass()(m).model
         m = common_passes.TopologicalSortPass()(m).model
     except Exception as e:
         raise ModelLoadError(f"graph passes failed: {e}", model=name) from e
+    anchor_external_tensors(m, base_dir, name)  # tensors the passes copied
     if infer_shapes:
         try:
             m = common_passes.ShapeInferencePass(strict_mode=False)(m).model
@@ -160,11 +114,3 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
             pass
     return LoadedModel(m, name, base_dir)
 
-
-def _set_base_dir(graph: ir.Graph, base_dir: str) -> None:
-    """Point every external tensor (subgraphs too) at ``base_dir``."""
-    for g in [graph, *graph.subgraphs()]:
-        for v in g.initializers.values():
-            t = v.const_value
-            if isinstance(t, ir.ExternalTensor) and not t.base_dir:
-                t.base_dir = base_dir

@@ -12,6 +12,7 @@ import trio
 
 from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, ModelLoadError,
                       RunCancelledError, SessionClosedError)
+from . import _fork
 from ._runstate import RunState
 from ._model import ModelLike, load_model
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
@@ -93,7 +94,13 @@ class Session:
         self._bindings: dict[str, Any] = {}
         #: the runs under way (cancelled when the session closes)
         self._runs: set[RunState] = set()
-        self._pid = os.getpid()
+        self._forked = False  # set in a child made by fork (see actorrt._fork)
+        self._pid = _fork.register(self)
+
+    def _closed_error(self) -> SessionClosedError:
+        if self._forked:
+            return _fork.forked_error(self._pid, "this session", self.model_name)
+        return SessionClosedError("the session is closed", model=self.model_name)
 
     def _cancel_runs(self, reason: str) -> None:
         for state in list(self._runs):
@@ -173,7 +180,7 @@ class Session:
             SessionClosedError: the session was closed.
         """
         if self._closed:
-            raise SessionClosedError("the session is closed", model=self.model_name)
+            raise self._closed_error()
         plan = self._plan
         indices = self._output_indices(output_names)
         env = plan.new_env()
@@ -251,7 +258,7 @@ class Session:
             Those of :meth:`run`, and whatever ``next_feeds`` raises.
         """
         if self._closed:
-            raise SessionClosedError("the session is closed", model=self.model_name)
+            raise self._closed_error()
         plan = self._plan
         pairs = tuple((carry or {}).items())
         if pairs:

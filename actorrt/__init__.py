@@ -19,6 +19,8 @@ from ._errors import (ActorRTError, GenerationError, InvalidArgumentError, Kerne
                       SessionClosedError, UnsupportedOperatorError)
 from ._session import NodeArg, Session, SessionOptions, open_session
 from ._sync import InferenceSession
+from ._sync import RunOptions
+from ._errors import RunCancelledError, SessionForkedError
 from ._tensor import DeviceIoBinding, IOBinding, Tensor, TransferStatistics
 
 __version__ = "0.1.0"
@@ -30,3 +32,4 @@ __all__ = [
     "InferenceSession", "Tensor", "DeviceIoBinding", "IOBinding", "TransferStatistics",
     "__version__",
 ]
+__all__ += ["RunOptions", "RunCancelledError", "SessionForkedError"]

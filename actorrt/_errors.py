@@ -44,6 +44,8 @@ __all__ = [
     "SessionClosedError",
     "ProviderBrokenError",
     "GenerationError",
+    "RunCancelledError",
+    "SessionForkedError",
 ]
 
 
@@ -160,6 +162,29 @@ class OutOfMemoryError(ActorRTError, MemoryError):
 class SessionClosedError(ActorRTError):
     """The session (or one of its providers, tensors or bindings) was closed by
     its owner and can no longer be used."""
+
+
+class SessionForkedError(SessionClosedError):
+    """A session was used in a process made by ``fork`` (multiprocessing's
+    default start method on Linux, gunicorn ``--preload``) from the one that
+    created it. Its actors and threads live only in the parent: create the
+    session in the child instead.
+
+    Attributes:
+        created_pid: the process that created the session.
+        pid: the process that tried to use it.
+    """
+
+    def __init__(self, message: str, *, created_pid: int, pid: int, model: str | None = None):
+        self.created_pid = created_pid
+        self.pid = pid
+        super().__init__(message, model=model)
+
+
+class RunCancelledError(ActorRTError):
+    """A run stopped before it finished: its caller was cancelled (a
+    ``RunOptions`` timeout or ``terminate``; under trio the caller sees
+    ``trio.Cancelled`` itself) or the session closed while it ran."""
 
 
 class ProviderBrokenError(ActorRTError):

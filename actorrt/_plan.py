@@ -17,6 +17,7 @@ A plan is built once per session (and once per control-flow subgraph):
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import sys
 import traceback
@@ -26,7 +27,7 @@ import attrs
 import numpy as np
 import onnx_ir as ir
 
-from . import _dtypes
+from . import _dtypes, _runstate
 from ._errors import (ActorRTError, InvalidArgumentError, KernelError, OutOfMemoryError,
                       UnsupportedOperatorError)
 from .providers._contract import (Cost, Kernel, KernelSizedOutput, NodeSpec, Supported,
@@ -95,7 +96,8 @@ class Segment:
         stores: slots written to the environment (graph outputs and values other
             segments read).
         fn: the compiled function ``fn(env) -> None``.
-        cost_us: summed estimate of the steps (µs).
+        cost_us: summed estimate of the steps (µs); infinite when
+            ``unbounded``.
     """
 
     index: int
@@ -107,6 +109,13 @@ class Segment:
     stores: tuple[int, ...] = ()
     fn: Callable | None = None
     cost_us: float = 0.0
+    #: some step's cost is unknown (control flow, data-dependent sizes):
+    #: ``cost_us`` is infinite and the segment runs in a worker thread
+    unbounded: bool = False
+    #: some step runs subgraphs (control flow): may run for as long as its
+    #: trip count says, so it runs in a thread outside the worker pool and
+    #: stops between body calls when its run is cancelled
+    iterates: bool = False
     source: str = ""
     line_map: dict[int, Step] = attrs.Factory(dict)
 
@@ -834,7 +843,9 @@ class _Compiler:
         # build Segment objects
         for i, ss in enumerate(segs):
             seg = Segment(i, ss[0].provider, ss)
-            seg.cost_us = sum(st.cost.total_us for st in ss)
+            seg.unbounded = any(_cost_unbounded(st) for st in ss)
+            seg.iterates = any(_control_flow(st) for st in ss)
+            seg.cost_us = math.inf if seg.unbounded else sum(st.cost.total_us for st in ss)
             plan.segments.append(seg)
         for s in steps:
             for d in step_deps[s.index]:
@@ -872,6 +883,40 @@ class _Compiler:
             plan.release_counts.pop(slot, None)
         for spec in plan.inputs:
             plan.release_counts.pop(spec.slot, None)
+
+
+def _static(vt: ValueType | None) -> bool:
+    """The value's size is known at plan time (a tensor of static shape)."""
+    if vt is None or vt.kind != "tensor" or vt.shape is None:
+        return False
+    return all(isinstance(d, int) and d >= 0 for d in vt.shape)
+
+
+def _control_flow(st: Step) -> bool:
+    """The step runs subgraphs (If, Loop, Scan, SequenceMap...): its cost is
+    its body's once, whatever the trip count or the branch taken."""
+    k = st.kernel
+    if st.outer or (k is not None and k.wants_outer_scope):
+        return True
+    return any(isinstance(v, ir.Graph) or (isinstance(v, (list, tuple)) and v
+                                           and isinstance(v[0], ir.Graph))
+               for v in st.node.attrs.values())
+
+
+def _cost_unbounded(st: Step) -> bool:
+    """The step's cost estimate says nothing about how long it may run:
+    control flow, outputs sized by the data, or values whose size is not known
+    at plan time (a symbolic dim is estimated as 1). Such steps never run on
+    the event loop."""
+    k = st.kernel
+    if _control_flow(st) or (k is not None and k.kernel_sized_outputs):
+        return True
+    node = st.node
+    for names, types in ((node.inputs, node.input_types), (node.outputs, node.output_types)):
+        for n, t in zip(names, types):
+            if n and not _static(t):
+                return True
+    return False
 
 
 def _quotient(seg_of: list[int], step_deps: list[set[int]]) -> dict[int, set[int]]:
@@ -1032,24 +1077,37 @@ def _materialise_sized(o: KernelSizedOutput) -> np.ndarray:
 class ActivationTracker:
     """Accounts owned intermediates as ``activations`` on a provider's memory
     accountant. An output that shares memory with one of its step's inputs (a
-    view) costs nothing; each buffer is counted once however many values hold it."""
+    view) costs nothing; each buffer is counted once however many values hold it.
+
+    Values are recorded in the ledger of the run the calling thread works for
+    (:func:`actorrt._runstate.current`), so whatever a failed or cancelled run
+    still holds is released with it; outside a run (plan time) in the
+    tracker's own ledger."""
 
     def __init__(self, accountant: Any):
         self.acc = accountant
-        self.live: dict[int, Any] = {}
+        self.live: dict[int, tuple[Any, Any]] = {}
+
+    def _ledger(self) -> dict:
+        s = _runstate.current()
+        return self.live if s is None else s.ledger
 
     def alloc(self, v: Any, *inputs: Any) -> None:
-        if type(v) is not np.ndarray or not v.nbytes or id(v) in self.live:
+        if type(v) is not np.ndarray or not v.nbytes:
+            return
+        live = self._ledger()
+        if id(v) in live:
             return
         for x in inputs:
             if type(x) is np.ndarray and np.may_share_memory(v, x):
                 return
         self.acc.reserve(v.nbytes, "activations", what="an intermediate")
-        self.live[id(v)] = v
+        live[id(v)] = (self.acc, v)
 
     def free(self, v: Any) -> None:
-        if self.live.pop(id(v), None) is not None:
-            self.acc.release(v.nbytes, "activations")
+        held = self._ledger().pop(id(v), None)
+        if held is not None:
+            held[0].release(held[1].nbytes, "activations")
 
 
 class SubgraphRunner:
@@ -1067,6 +1125,15 @@ class SubgraphRunner:
         self.outer_names = [n for n, _ in plan.outer_inputs]
 
     def __call__(self, inputs: Sequence[Any], outer: dict | None = None) -> list:
+        """Run the body once.
+
+        Raises:
+            RunCancelledError: the run this body call works for was cancelled
+                (checked before each call: a long Loop stops between
+                iterations).
+            KernelError, OutOfMemoryError: as for a run.
+        """
+        _runstate.check_cancelled("a control-flow body")
         plan = self.plan
         env = plan.new_env()
         for spec, v in zip(plan.inputs, inputs):
@@ -1075,8 +1142,15 @@ class SubgraphRunner:
             for name, slot in plan.outer_inputs:
                 if name in outer:
                     env[slot] = outer[name]
-        plan.run_sync(env)
-        return plan.collect_outputs(env)
+        try:
+            plan.run_sync(env)
+            return plan.collect_outputs(env)
+        finally:
+            # the body's outputs now belong to the kernel that called it (the
+            # enclosing node's outputs are accounted there): released here,
+            # or a long Loop would hold each iteration's accounted
+            if plan.tracker_release is not None:
+                plan.tracker_release(env)
 
 
 # ======================================================================== codegen

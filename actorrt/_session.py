@@ -11,7 +11,9 @@ import numpy as np
 import trio
 
 from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, ModelLoadError,
-                      SessionClosedError)
+                      RunCancelledError, SessionClosedError)
+from . import _fork
+from ._runstate import RunState
 from ._model import ModelLike, load_model
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers
@@ -90,6 +92,19 @@ class Session:
         self._tracer = tracer
         self._output_index = {o.name: i for i, o in enumerate(plan.outputs)}
         self._bindings: dict[str, Any] = {}
+        #: the runs under way (cancelled when the session closes)
+        self._runs: set[RunState] = set()
+        self._forked = False  # set in a child made by fork (see actorrt._fork)
+        self._pid = _fork.register(self)
+
+    def _closed_error(self) -> SessionClosedError:
+        if self._forked:
+            return _fork.forked_error(self._pid, "this session", self.model_name)
+        return SessionClosedError("the session is closed", model=self.model_name)
+
+    def _cancel_runs(self, reason: str) -> None:
+        for state in list(self._runs):
+            state.cancel(reason)
 
     # --------------------------------------------------------------- metadata
     def get_inputs(self) -> list[NodeArg]:
@@ -165,7 +180,7 @@ class Session:
             SessionClosedError: the session was closed.
         """
         if self._closed:
-            raise SessionClosedError("the session is closed", model=self.model_name)
+            raise self._closed_error()
         plan = self._plan
         indices = self._output_indices(output_names)
         env = plan.new_env()
@@ -176,11 +191,21 @@ class Session:
                 feeds.setdefault(name, b.value())
             donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
         plan.bind_feeds(feeds, env, donated)
+        release = plan.tracker_release
+        state = RunState(None if release is None else (lambda: release(env)))
+        runs = self._runs
+        runs.add(state)
         try:
-            await execute(plan, env, self._tracer)
+            await execute(plan, env, self._tracer, state)
+            if state.cancelled:  # the session closed while this run was under way
+                raise SessionClosedError("the session closed during the run",
+                                         model=self.model_name)
+        except RunCancelledError as e:
+            raise SessionClosedError(f"the session closed during the run: {e}",
+                                     model=self.model_name) from e
         finally:
-            if plan.tracker_release is not None:
-                plan.tracker_release(env)
+            runs.discard(state)
+            state.finish()
         if self._bindings:
             for b in self._bindings.values():
                 if b.output_name is not None:
@@ -233,7 +258,7 @@ class Session:
             Those of :meth:`run`, and whatever ``next_feeds`` raises.
         """
         if self._closed:
-            raise SessionClosedError("the session is closed", model=self.model_name)
+            raise self._closed_error()
         plan = self._plan
         pairs = tuple((carry or {}).items())
         if pairs:
@@ -241,7 +266,21 @@ class Session:
         providers = {seg.provider for seg in plan.segments}
         if len(providers) == 1 and not self._bindings and not plan.mixed:
             provider = providers.pop()
-            return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate), pairs))
+            state = RunState()
+            self._runs.add(state)
+            try:
+                runs = await provider.pool.ask(
+                    RunLoop(plan, next_feeds, frozenset(donate), pairs, state))
+                if runs is None or state.cancelled:
+                    raise SessionClosedError("the session closed during run_many",
+                                             model=self.model_name)
+                return runs
+            except RunCancelledError as e:
+                raise SessionClosedError(f"the session closed during run_many: {e}",
+                                         model=self.model_name) from e
+            finally:
+                self._runs.discard(state)
+                state.finish()
         outputs = None
         runs = 0
         while True:
@@ -341,14 +380,26 @@ class Session:
             binding._results[name] = t
 
 
-async def execute(plan: Plan, env: list, tracer: Any = None) -> None:
+async def _run_one(plan: Plan, seg: Any, env: list, state: RunState | None) -> None:
+    if seg.iterates:
+        await seg.provider.run_iterating(plan, seg, env, state)
+    else:
+        await seg.provider.pool.ask(RunSegment(plan, seg, env, state))
+
+
+async def execute(plan: Plan, env: list, tracer: Any = None,
+                  state: RunState | None = None) -> None:
     """Run ``plan``'s segments over ``env``: ready segments fan out to their
-    providers' worker actors; values crossing segments are released once their
-    last consumer segment finished."""
+    providers' worker actors (control-flow segments to threads of their own,
+    see :meth:`~actorrt.providers.ExecutionProvider.run_iterating`); values
+    crossing segments are released once their last consumer segment finished.
+
+    ``state`` is the run's :class:`~actorrt._runstate.RunState`: segments of a
+    cancelled run that have not started are withdrawn, running control flow
+    stops between iterations."""
     segs = plan.segments
     if len(segs) == 1:
-        seg = segs[0]
-        await seg.provider.pool.ask(RunSegment(plan, seg, env))
+        await _run_one(plan, segs[0], env, state)
         return
     if not segs:
         return
@@ -357,7 +408,7 @@ async def execute(plan: Plan, env: list, tracer: Any = None) -> None:
     counts = dict(plan.release_counts) if plan.tracker_release is None else {}
 
     async def run(seg, nursery):
-        await seg.provider.pool.ask(RunSegment(plan, seg, env))
+        await _run_one(plan, seg, env, state)
         for slot in seg.loads:
             c = counts.get(slot)
             if c is not None:
@@ -434,6 +485,9 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
             yield session
         finally:
             session._closed = True
+            # runs still under way stop: queued work is withdrawn, control
+            # flow stops at its next iteration (so closing never waits on it)
+            session._cancel_runs("the session closed")
             session._bindings.clear()
             host.memory.release(weights, "weights")
             if tracer is not None and trace_path:

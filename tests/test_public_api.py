@@ -10,7 +10,8 @@ def test_top_level_names():
         "ActorRTError", "DeviceIoBinding", "GenerationError", "IOBinding", "InferenceSession",
         "InvalidArgumentError", "KernelError", "ModelLoadError", "NodeArg", "OutOfMemoryError",
         "ProviderBrokenError", "Session", "SessionClosedError", "SessionOptions", "Tensor",
-        "TransferStatistics", "UnsupportedOperatorError", "__version__", "open_session"])
+        "TransferStatistics", "UnsupportedOperatorError", "__version__", "open_session",
+        "RunCancelledError", "RunOptions", "SessionForkedError"])
     for name in actorrt.__all__:
         assert getattr(actorrt, name) is not None
 
@@ -18,7 +19,7 @@ def test_top_level_names():
 def test_errors_share_one_base():
     for name in ("GenerationError", "InvalidArgumentError", "KernelError", "ModelLoadError",
                  "OutOfMemoryError", "ProviderBrokenError", "SessionClosedError",
-                 "UnsupportedOperatorError"):
+                 "UnsupportedOperatorError", "RunCancelledError", "SessionForkedError"):
         assert issubclass(getattr(actorrt, name), actorrt.ActorRTError)
 
 

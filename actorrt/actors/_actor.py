@@ -10,6 +10,11 @@ sends that error back to the asker and the actor goes on; an actor whose own
 loop fails is *broken*: it stops, and every ask after that raises
 :class:`~actorrt.ProviderBrokenError` with the crash as cause. An actor closed by
 its owner raises :class:`~actorrt.SessionClosedError` instead.
+
+An ``ask`` whose caller is cancelled while it waits is *withdrawn*: the actor
+drops the message if it had not started it and :meth:`Actor.withdrawable`
+says so, and hands a reply nobody will take to :meth:`Actor.on_abandoned` (a
+provider frees an allocation made for a caller that gave up).
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ __all__ = ["Actor", "ActorRef", "open_actors", "Crash", "ActorStatistics"]
 
 
 class _Reply:
-    __slots__ = ("event", "value", "error")
+    __slots__ = ("event", "value", "error", "withdrawn")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+        #: the asker was cancelled while waiting: nobody takes the reply
+        self.withdrawn = False
 
 
 @attrs.frozen
@@ -87,6 +94,15 @@ class Actor:
     async def on_stop(self) -> None:
         """Called once when the actor stops (also when it broke)."""
 
+    def withdrawable(self, message: Any) -> bool:
+        """Whether ``message``, asked by a caller that was cancelled before the
+        actor took it, is dropped unhandled (default: no, it is handled)."""
+        return False
+
+    def on_abandoned(self, message: Any, value: Any) -> None:
+        """Called with the reply of an ask whose caller was cancelled while
+        the actor handled it: release what ``value`` owns (default: nothing)."""
+
     # loop ----------------------------------------------------------------------
     async def _main(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._alive = True
@@ -96,6 +112,8 @@ class Actor:
                 async for message, reply in self._recv:
                     if isinstance(message, Crash):
                         raise message.error
+                    if reply is not None and reply.withdrawn and self.withdrawable(message):
+                        continue  # its asker gave up before it started
                     try:
                         value = await self.handle(message)
                     except (Exception, trio.Cancelled) as e:
@@ -111,8 +129,11 @@ class Actor:
                         continue
                     self._handled += 1
                     if reply is not None:
-                        reply.value = value
-                        reply.event.set()
+                        if reply.withdrawn:
+                            self.on_abandoned(message, value)
+                        else:
+                            reply.value = value
+                            reply.event.set()
         except trio.Cancelled:
             raise
         except BaseException as e:  # the actor broke
@@ -194,7 +215,15 @@ class ActorRef:
             raise SessionClosedError(f"actor {self._actor.name} was closed") from e
         except trio.WouldBlock:
             await self._actor._send.send((message, reply))
-        await reply.event.wait()
+        try:
+            await reply.event.wait()
+        except trio.Cancelled:
+            if not reply.event.is_set():
+                reply.withdrawn = True  # the actor drops or releases the reply
+            elif reply.error is None:
+                # answered while this caller was being cancelled: give it back
+                self._actor.on_abandoned(message, reply.value)
+            raise
         if reply.error is not None:
             raise reply.error
         return reply.value

@@ -28,6 +28,7 @@ import trio
 
 from .._dtypes import storage_bytes, to_numpy_dtype
 from .._errors import InvalidArgumentError, SessionClosedError
+from .._runstate import check_cancelled, running
 from ..actors import Actor, ActorRef, open_actors
 from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
                         ValueType, estimate_bytes)
@@ -121,11 +122,18 @@ class Argmax:
 
 @attrs.frozen
 class RunSegment:
-    """Run one plan segment (handled by a worker actor). Reply: None."""
+    """Run one plan segment (handled by a worker actor). Reply: None.
+
+    Attributes:
+        state: the run's :class:`~actorrt._runstate.RunState` (or ``None``):
+            a segment whose run was cancelled before a worker took it is
+            skipped; kernels check its flag between iterations.
+    """
 
     plan: Any
     segment: Any
     env: list
+    state: Any = None
 
 
 @attrs.frozen
@@ -143,12 +151,16 @@ class RunLoop:
         carry: ``(input name, output name)`` pairs: from the second run on,
             the input takes the previous run's output unless the feeds name
             it (see :meth:`actorrt.Session.run_many`).
+        state: the :class:`~actorrt._runstate.RunState` of the whole loop: when
+            it is cancelled the loop stops before its next run (and control
+            flow inside a run between body calls).
     """
 
     plan: Any
     next_feeds: Any
     donate: frozenset = frozenset()
     carry: tuple = ()
+    state: Any = None
 
 
 @attrs.define(eq=False)
@@ -223,6 +235,8 @@ class ExecutionProvider(Actor, abc.ABC):
         self.h2d_bytes = 0
         self.d2h_bytes = 0
         self._limiter = trio.CapacityLimiter(self.n_workers)
+        # control-flow segments: one thread each, outside the worker pool
+        self._long_limiter = trio.CapacityLimiter(math.inf)
         self._pool_send, self._pool_recv = trio.open_memory_channel(math.inf)
         self._workers = [
             _Worker(f"{self.name}.worker{i}", self, (self._pool_send.clone(),
@@ -355,7 +369,62 @@ class ExecutionProvider(Actor, abc.ABC):
         with self.segment_context():
             plan.run_segment(seg, env)
 
+    async def run_iterating(self, plan: Any, seg: Any, env: list, state: Any = None) -> None:
+        """Run a control-flow segment (``seg.iterates``: it may run for as
+        long as a trip count says) in a thread of its own, outside the worker
+        pool, so that a long Loop holds no worker and never blocks other
+        callers or closing.
+
+        When the calling task is cancelled, ``state`` (the run's
+        :class:`~actorrt._runstate.RunState`) is cancelled, the body stops at
+        its next iteration and this returns (re-raising the cancellation) once
+        the thread has stopped.
+
+        Raises:
+            KernelError, OutOfMemoryError: as the segment raises.
+            RunCancelledError: the run was cancelled (the session closed).
+        """
+        if state is not None and not state.begin():
+            return
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def work() -> None:
+            try:
+                with running(state):
+                    self.run_segment(plan, seg, env)
+            finally:
+                try:
+                    token.run_sync_soon(done.set)
+                except trio.RunFinishedError:  # pragma: no cover - loop already gone
+                    pass
+
+        self._segments_run += 1
+        try:
+            await trio.to_thread.run_sync(work, abandon_on_cancel=True,
+                                          limiter=self._long_limiter)
+        except trio.Cancelled:
+            if state is not None:
+                state.cancel()
+            with trio.CancelScope(shield=True):
+                await done.wait()
+            raise
+        finally:
+            if state is not None:
+                state.end()
+
     # handler ----------------------------------------------------------------
+    def withdrawable(self, message: Any) -> bool:
+        """Requests that only make something for their asker are dropped when
+        the asker was cancelled before the provider took them (a ``Free`` or a
+        write is still done)."""
+        return isinstance(message, (Allocate, CopyFromHost, CopyToHost, Argmax, Sync))
+
+    def on_abandoned(self, message: Any, value: Any) -> None:
+        """A buffer made for an asker that was cancelled meanwhile is freed."""
+        if isinstance(value, Buffer):
+            self._release(value)
+
     async def handle(self, message: Any) -> Any:
         if isinstance(message, Allocate):
             nbytes = storage_bytes(message.shape, message.dtype, role=message.role,
@@ -423,29 +492,48 @@ class _Worker(Actor):
         self.provider = provider
 
     async def handle(self, message: Any) -> Any:
-        if isinstance(message, RunLoop):
-            return await trio.to_thread.run_sync(self._run_loop, message,
-                                                 limiter=self.provider._limiter)
-        if not isinstance(message, RunSegment):
-            raise TypeError(f"{self.name} cannot handle {type(message).__name__}")
-        seg = message.segment
-        plan = message.plan
-        self.provider._segments_run += 1
-        if seg.cost_us < self.provider.inline_threshold_us:
-            self.provider.run_segment(plan, seg, message.env)
-        else:
-            await trio.to_thread.run_sync(self.provider.run_segment, plan, seg, message.env,
-                                          limiter=self.provider._limiter)
-        return None
+        state = getattr(message, "state", None)
+        if state is not None and not state.begin():
+            return None  # the run was cancelled before its work started: withdrawn
+        try:
+            if isinstance(message, RunLoop):
+                return await trio.to_thread.run_sync(self._run_loop, message,
+                                                     limiter=self.provider._limiter)
+            if not isinstance(message, RunSegment):
+                raise TypeError(f"{self.name} cannot handle {type(message).__name__}")
+            seg = message.segment
+            plan = message.plan
+            self.provider._segments_run += 1
+            if seg.cost_us < self.provider.inline_threshold_us:
+                with running(state):
+                    self.provider.run_segment(plan, seg, message.env)
+            else:
+                await trio.to_thread.run_sync(self._run_segment, plan, seg, message.env, state,
+                                              limiter=self.provider._limiter)
+            return None
+        finally:
+            if state is not None:
+                state.end()
+
+    def _run_segment(self, plan: Any, seg: Any, env: list, state: Any) -> None:
+        with running(state):
+            self.provider.run_segment(plan, seg, env)
 
     def _run_loop(self, message: RunLoop) -> int:
+        with running(message.state):
+            return self._loop(message)
+
+    def _loop(self, message: RunLoop) -> int:
         # in the worker thread: runs back to back, no event-loop round trip
         plan, provider = message.plan, self.provider
+        state = message.state
         outputs = None
         runs = 0
         carry = plan.carry_slots(message.carry) if message.carry else ()
         carried: dict = {}
         while True:
+            if state is not None and state.cancelled:
+                check_cancelled("run_many")
             feeds = message.next_feeds(outputs)
             if feeds is None:
                 return runs
@@ -461,5 +549,7 @@ class _Worker(Actor):
             finally:
                 if plan.tracker_release is not None:
                     plan.tracker_release(env)
+                if state is not None:
+                    state.release_activations()
             outputs = plan.collect_outputs(env)
             runs += 1

@@ -13,6 +13,7 @@ import trio
 from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, ModelLoadError,
                       SessionClosedError)
 from ._model import ModelLike, load_model
+from ._outputs import own_outputs
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers
 from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunSegment
@@ -44,6 +45,12 @@ class SessionOptions:
             kernels (the CPU provider: one kernel per LLM decoder block, see
             ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
             optimizations do; same results, fewer dispatches.
+        output_views: return outputs as the kernels made them: zero-copy, but
+            an output may be a view of a feed (``Identity``, ``Reshape``,
+            ``Transpose``...), or a read-only constant shared between runs.
+            Off (the default), every returned array owns its memory and is
+            writable, as onnxruntime's (only outputs that would alias a feed,
+            a constant or another output are copied).
     """
 
     workers: int | None = None
@@ -56,6 +63,7 @@ class SessionOptions:
     enable_fallback: bool = False
     track_memory: bool = False
     fuse_kernels: bool = True
+    output_views: bool = False
 
 
 @attrs.frozen
@@ -82,8 +90,9 @@ class Session:
     :func:`open_session`; many tasks may call :meth:`run` at once."""
 
     def __init__(self, plan: Plan, providers: list[ExecutionProvider], model_name: str,
-                 tracer: Any = None):
+                 tracer: Any = None, options: SessionOptions | None = None):
         self._plan = plan
+        self._output_views = bool(options is not None and options.output_views)
         self._providers = providers
         self.model_name = model_name
         self._closed = False
@@ -155,7 +164,13 @@ class Session:
 
         Returns:
             One value per requested output: numpy arrays; lists for ONNX
-            sequences; ``None`` for an empty optional.
+            sequences; ``None`` for an empty optional. Each array owns its
+            memory and is writable: an output that would share memory with
+            a feed, a constant of the model or another output is copied
+            (outputs on donated buffers are returned as they are); with
+            ``SessionOptions(output_views=True)`` outputs are returned as the
+            kernels made them (possibly views of the feeds, read-only
+            constants shared between runs).
 
         Raises:
             InvalidArgumentError: unknown/missing input, wrong dtype/rank/dim,
@@ -188,7 +203,8 @@ class Session:
                     value = plan.collect_outputs(env, [self._output_index[b.output_name]])[0]
                     b.store_output(value)
                     env[spec.slot] = b.value()
-        return plan.collect_outputs(env, indices)
+        outs = plan.collect_outputs(env, indices)
+        return outs if self._output_views else own_outputs(outs, feeds, plan, donated)
 
     async def run_many(self, next_feeds: Callable[[list | None], dict | None], *,
                        donate: Sequence[str] = (),
@@ -241,7 +257,8 @@ class Session:
         providers = {seg.provider for seg in plan.segments}
         if len(providers) == 1 and not self._bindings and not plan.mixed:
             provider = providers.pop()
-            return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate), pairs))
+            return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate), pairs,
+                                                   own_outputs=not self._output_views))
         outputs = None
         runs = 0
         while True:
@@ -429,7 +446,7 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
         weights = _weights_bytes(plan)
         host = next(p for p in provs if p.name == "cpu")
         host.memory.reserve(weights, "weights", what="initializers")
-        session = Session(plan, provs, loaded.name, tracer)
+        session = Session(plan, provs, loaded.name, tracer, options)
         try:
             yield session
         finally:

@@ -858,6 +858,9 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
     if options is None:
         options = SessionOptions(parallel_execution=False)
+    # the engine keeps its outputs to itself (logits sampled, KV written in
+    # place into donated buffers): no copies to make them owned
+    options = attrs.evolve(options, output_views=True)
     # the head reads only the positions the engine samples from
     path = await trio.to_thread.run_sync(
         functools.partial(model_file, folder, accuracy_level, last_logits=True))

@@ -75,7 +75,7 @@ class UnwrapGroups:
             leaf = single_exception(eg)
             if leaf is None:
                 raise
-        raise leaf  # outside the handler: no group chained as its context
+        _reraise(leaf)
 
     async def __aexit__(self, exc_type, exc, tb):
         try:
@@ -87,7 +87,18 @@ class UnwrapGroups:
         if leaf is exc:
             exc.__traceback__ = tb  # the body's own exception, as it was raised
             return False
+        _reraise(leaf)
+
+
+def _reraise(leaf: BaseException) -> None:
+    # raising sets __context__ to whatever is being handled (here: the group
+    # that held it, or the body's exception a nursery wrapped): keep the
+    # context the exception had where it was first raised
+    context, suppress = leaf.__context__, leaf.__suppress_context__
+    try:
         raise leaf
+    finally:
+        leaf.__context__, leaf.__suppress_context__ = context, suppress
 
 
 class ProviderUnavailableWarning(UserWarning):

@@ -34,7 +34,81 @@ def leaf_exceptions(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
+def single_exception(exc: BaseException) -> BaseException | None:
+    """The one failure inside ``exc``, a (possibly nested) exception group:
+    its only distinct leaf, or its only leaf that is not ``trio.Cancelled``
+    (a cancellation a sibling's failure caused). ``None`` when there really
+    are several distinct failures (the group should then propagate)."""
+    leaves = []
+    for e in leaf_exceptions(exc):
+        if not any(e is x for x in leaves):
+            leaves.append(e)
+    if len(leaves) == 1:
+        return leaves[0]
+    import trio
+
+    real = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+    if len(real) == 1:
+        return real[0]
+    if not real and leaves:
+        return leaves[0]
+    return None
+
+
+class UnwrapGroups:
+    """Wraps an async context manager (``@asynccontextmanager``) so that what
+    leaves it is the single underlying exception rather than the
+    ExceptionGroup trio's nurseries wrap it in: the body's own exception
+    passes through as the very object, traceback kept; a failure while
+    entering or leaving arrives as itself. A group with several distinct
+    failures is left as it is."""
+
+    __slots__ = ("_cm",)
+
+    def __init__(self, cm):
+        self._cm = cm
+
+    async def __aenter__(self):
+        try:
+            return await self._cm.__aenter__()
+        except BaseExceptionGroup as eg:
+            leaf = single_exception(eg)
+            if leaf is None:
+                raise
+        _reraise(leaf)
+
+    async def __aexit__(self, exc_type, exc, tb):
+        try:
+            return await self._cm.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as eg:
+            leaf = single_exception(eg)
+            if leaf is None:
+                raise
+        if leaf is exc:
+            exc.__traceback__ = tb  # the body's own exception, as it was raised
+            return False
+        _reraise(leaf)
+
+
+def _reraise(leaf: BaseException) -> None:
+    # raising sets __context__ to whatever is being handled (here: the group
+    # that held it, or the body's exception a nursery wrapped): keep the
+    # context the exception had where it was first raised
+    context, suppress = leaf.__context__, leaf.__suppress_context__
+    try:
+        raise leaf
+    finally:
+        leaf.__context__, leaf.__suppress_context__ = context, suppress
+
+
+class ProviderUnavailableWarning(UserWarning):
+    """A requested execution provider is not available here (no GPU, a
+    missing package, a provider actorrt does not implement); the session
+    falls back to the next one in the list, as onnxruntime does."""
+
+
 __all__ = [
+    "ProviderUnavailableWarning",
     "ActorRTError",
     "ModelLoadError",
     "UnsupportedOperatorError",
@@ -60,13 +134,31 @@ class ActorRTError(Exception):
     def __init__(self, message: str, *, model: str | None = None, node: str | None = None):
         self.model = model
         self.node = node
-        prefix = []
-        if model:
-            prefix.append(f"model {model!r}")
-        if node:
-            prefix.append(f"node {node!r}")
         self.message = message
-        super().__init__(f"[{', '.join(prefix)}] {message}" if prefix else message)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # built when shown: a model or node named after construction
+        # (add_context, the plan naming the failing node) appears too
+        prefix = []
+        if self.model:
+            prefix.append(f"model {self.model!r}")
+        if self.node:
+            prefix.append(f"node {self.node!r}")
+        return f"[{', '.join(prefix)}] {self.message}" if prefix else self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def add_context(self, *, model: str | None = None,
+                    node: str | None = None) -> "ActorRTError":
+        """Name ``model`` / ``node`` where the raiser could not (kept when
+        already set). Returns ``self``, for ``raise e.add_context(...)``."""
+        if self.model is None and model:
+            self.model = model
+        if self.node is None and node:
+            self.node = node
+        return self
 
 
 class ModelLoadError(ActorRTError):

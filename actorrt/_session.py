@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncContextManager, AsyncIterator, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
 import trio
 
 from ._errors import (ActorRTError, BaseExceptionGroup, InvalidArgumentError, ModelLoadError,
-                      RunCancelledError, SessionClosedError)
+                      RunCancelledError, SessionClosedError, UnwrapGroups)
 from . import _fork
 from ._runstate import RunState
 from ._model import ModelLike, load_model
+from ._outputs import own_outputs
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers
 from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunSegment
@@ -22,9 +23,51 @@ from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunS
 __all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
 
 
+def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
+    return InvalidArgumentError(f"SessionOptions.{name} is invalid", input=name,
+                                expected=expected, got=repr(value))
+
+
+def _flag(inst: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise _field_error(attribute.name, "True or False", value)
+
+
+def _count(minimum: int):
+    def check(inst: Any, attribute: Any, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                or value < minimum:
+            raise _field_error(attribute.name, f"None or an int >= {minimum}", value)
+    return check
+
+
+def _microseconds(inst: Any, attribute: Any, value: Any) -> None:
+    import math
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
+            or not math.isfinite(float(value)) or value < 0:
+        raise _field_error(attribute.name, "a finite number of µs >= 0", value)
+
+
+def _trace_level(inst: Any, attribute: Any, value: Any) -> None:
+    from .tracing import LEVELS
+    if not isinstance(value, str) or value not in LEVELS:
+        raise _field_error(attribute.name, f"one of {list(LEVELS)}", value)
+
+
+def _path(inst: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _field_error(attribute.name, "None or a file path (str or os.PathLike)", value)
+
+
+def _fspath(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 @attrs.frozen
 class SessionOptions:
-    """Options of a session.
+    """Options of a session. Every field is checked when the options are made.
 
     Attributes:
         workers: worker actors per provider (``None``: up to 4, one per core).
@@ -46,18 +89,56 @@ class SessionOptions:
             kernels (the CPU provider: one kernel per LLM decoder block, see
             ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
             optimizations do; same results, fewer dispatches.
+        output_views: return outputs as the kernels made them: zero-copy, but
+            an output may be a view of a feed (``Identity``, ``Reshape``,
+            ``Transpose``...), or a read-only constant shared between runs.
+            Off (the default), every returned array owns its memory and is
+            writable, as onnxruntime's (only outputs that would alias a feed,
+            a constant or another output are copied).
+
+    Raises:
+        InvalidArgumentError: a field of the wrong type (flags must be
+            ``bool``: ``fuse_kernels="yes"`` is refused) or out of range,
+            naming the field and its allowed values.
     """
 
-    workers: int | None = None
-    memory_limit: int | None = None
-    parallel_execution: bool = True
-    segment_threshold_us: float = 200.0
-    fold_constants: bool = True
-    trace: str = "off"
-    trace_path: str | None = None
-    enable_fallback: bool = False
-    track_memory: bool = False
-    fuse_kernels: bool = True
+    workers: int | None = attrs.field(default=None, validator=_count(1))
+    memory_limit: int | None = attrs.field(default=None, validator=_count(0))
+    parallel_execution: bool = attrs.field(default=True, validator=_flag)
+    segment_threshold_us: float = attrs.field(default=200.0, validator=_microseconds)
+    fold_constants: bool = attrs.field(default=True, validator=_flag)
+    trace: str = attrs.field(default="off", validator=_trace_level)
+    trace_path: str | None = attrs.field(default=None, converter=_fspath, validator=_path)
+    enable_fallback: bool = attrs.field(default=False, validator=_flag)
+    track_memory: bool = attrs.field(default=False, validator=_flag)
+    fuse_kernels: bool = attrs.field(default=True, validator=_flag)
+    output_views: bool = attrs.field(default=False, validator=_flag)
+
+    @classmethod
+    def check(cls, options: Any) -> "SessionOptions":
+        """``options`` as session options: ``None`` gives the defaults.
+
+        Raises:
+            InvalidArgumentError: ``options`` is not a :class:`SessionOptions`
+                (a dict, an ``onnxruntime.SessionOptions``...), naming the
+                fields it may set.
+        """
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        fields = [f.name for f in attrs.fields(cls)]
+        hint = ""
+        if isinstance(options, Mapping):
+            unknown = [k for k in options if k not in fields]
+            hint = (f"; unknown fields {unknown}" if unknown else
+                    "; pass actorrt.SessionOptions(**options)")
+        elif type(options).__module__.split(".")[0] == "onnxruntime":
+            hint = "; onnxruntime's options do not apply, build actorrt.SessionOptions(...)"
+        raise InvalidArgumentError(f"options must be actorrt.SessionOptions{hint}",
+                                   input="options",
+                                   expected=f"actorrt.SessionOptions with fields {fields}",
+                                   got=type(options).__qualname__)
 
 
 @attrs.frozen
@@ -84,8 +165,9 @@ class Session:
     :func:`open_session`; many tasks may call :meth:`run` at once."""
 
     def __init__(self, plan: Plan, providers: list[ExecutionProvider], model_name: str,
-                 tracer: Any = None):
+                 tracer: Any = None, options: SessionOptions | None = None):
         self._plan = plan
+        self._output_views = bool(options is not None and options.output_views)
         self._providers = providers
         self.model_name = model_name
         self._closed = False
@@ -170,7 +252,13 @@ class Session:
 
         Returns:
             One value per requested output: numpy arrays; lists for ONNX
-            sequences; ``None`` for an empty optional.
+            sequences; ``None`` for an empty optional. Each array owns its
+            memory and is writable: an output that would share memory with
+            a feed, a constant of the model or another output is copied
+            (outputs on donated buffers are returned as they are); with
+            ``SessionOptions(output_views=True)`` outputs are returned as the
+            kernels made them (possibly views of the feeds, read-only
+            constants shared between runs).
 
         Raises:
             InvalidArgumentError: unknown/missing input, wrong dtype/rank/dim,
@@ -203,6 +291,8 @@ class Session:
         except RunCancelledError as e:
             raise SessionClosedError(f"the session closed during the run: {e}",
                                      model=self.model_name) from e
+        except ActorRTError as e:
+            raise e.add_context(model=self.model_name)
         finally:
             runs.discard(state)
             state.finish()
@@ -213,7 +303,8 @@ class Session:
                     value = plan.collect_outputs(env, [self._output_index[b.output_name]])[0]
                     b.store_output(value)
                     env[spec.slot] = b.value()
-        return plan.collect_outputs(env, indices)
+        outs = plan.collect_outputs(env, indices)
+        return outs if self._output_views else own_outputs(outs, feeds, plan, donated)
 
     async def run_many(self, next_feeds: Callable[[list | None], dict | None], *,
                        donate: Sequence[str] = (),
@@ -270,7 +361,8 @@ class Session:
             self._runs.add(state)
             try:
                 runs = await provider.pool.ask(
-                    RunLoop(plan, next_feeds, frozenset(donate), pairs, state))
+                    RunLoop(plan, next_feeds, frozenset(donate), pairs, state,
+                            own_outputs=not self._output_views))
                 if runs is None or state.cancelled:
                     raise SessionClosedError("the session closed during run_many",
                                              model=self.model_name)
@@ -278,6 +370,8 @@ class Session:
             except RunCancelledError as e:
                 raise SessionClosedError(f"the session closed during run_many: {e}",
                                          model=self.model_name) from e
+            except ActorRTError as e:
+                raise e.add_context(model=self.model_name)
             finally:
                 self._runs.discard(state)
                 state.finish()
@@ -439,10 +533,17 @@ def _first_error(eg: BaseExceptionGroup) -> BaseException:
     return eg.exceptions[0]
 
 
-@asynccontextmanager
-async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
-                       options: SessionOptions | None = None) -> AsyncIterator[Session]:
-    """Load ``model``, start its provider actors and yield a :class:`Session`.
+def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
+                 options: SessionOptions | None = None) -> AsyncContextManager[Session]:
+    """Load ``model``, start its provider actors and yield a :class:`Session`::
+
+        async with actorrt.open_session("model.onnx") as session:
+            ...
+
+    What leaves the block is the exception itself, never an ExceptionGroup
+    around it (unless several distinct failures happened at once): the body's
+    own exception passes through unchanged, and ``except actorrt.ActorRTError``
+    catches the session's errors outside the block.
 
     Args:
         model: path, bytes, ``onnx.ModelProto`` or ``onnx_ir.Model``.
@@ -456,10 +557,17 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
         UnsupportedOperatorError: a node no provider supports.
         InvalidArgumentError: an unknown provider name.
     """
+    options = SessionOptions.check(options)
+    # resolved here, in the caller's frame: fallback warnings point at its line
+    provs = resolve_providers(providers, options)
+    return UnwrapGroups(_open_session(model, provs, options))
+
+
+@asynccontextmanager
+async def _open_session(model: ModelLike, provs: list[ExecutionProvider],
+                        options: SessionOptions) -> AsyncIterator[Session]:
     from . import tracing
 
-    options = options or SessionOptions()
-    provs = resolve_providers(providers, options)
     trace_path = options.trace_path or os.environ.get("ACTORRT_TRACE") or None
     level = options.trace if options.trace != "off" else ("ops" if trace_path else "off")
     tracer = tracing.TraceCollector(level) if level != "off" else None
@@ -471,16 +579,21 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
                             fuse=options.fuse_kernels)
     m = loaded.model
     opsets = dict(m.opset_imports)
-    plan = await trio.to_thread.run_sync(
-        lambda: compile_plan(m.graph, opsets, provs, plan_opts, loaded.name))
+    for p in provs:  # its memory errors name the model
+        p.memory.model = loaded.name
+    try:
+        plan = await trio.to_thread.run_sync(
+            lambda: compile_plan(m.graph, opsets, provs, plan_opts, loaded.name))
+    except ActorRTError as e:
+        raise e.add_context(model=loaded.name)
     async with AsyncExitStack() as stack:
         for p in provs:
             await stack.enter_async_context(p.open())
         # weights: initializers and folded constants live on the CPU provider
         weights = _weights_bytes(plan)
         host = next(p for p in provs if p.name == "cpu")
-        host.memory.reserve(weights, "weights", what="initializers")
-        session = Session(plan, provs, loaded.name, tracer)
+        host.memory.reserve(weights, "weights", what="initializers (the model's weights)")
+        session = Session(plan, provs, loaded.name, tracer, options)
         try:
             yield session
         finally:

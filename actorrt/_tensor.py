@@ -14,7 +14,8 @@ the same memory every run), with a physical (capacity) shape and a logical
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+import weakref
+from typing import Any, Awaitable, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -25,7 +26,8 @@ from ._errors import InvalidArgumentError, OutOfMemoryError, SessionClosedError
 from .providers.base import (Adopt, Allocate, Argmax, Buffer, CopyFromHost, CopyToHost,
                              ExecutionProvider, Free, Sync, WriteBytes)
 
-__all__ = ["Tensor", "DeviceIoBinding", "TransferStatistics", "IOBinding"]
+__all__ = ["Tensor", "DeviceIoBinding", "TransferStatistics", "IOBinding", "HostAllocator",
+           "host_allocator"]
 
 
 @attrs.frozen
@@ -60,32 +62,64 @@ class Tensor:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ construct
+    # Each constructor works two ways: with a provider (a session's provider
+    # actor) it returns an awaitable, ``await Tensor.from_numpy(a, provider)``;
+    # without one (or with ``device="cpu"``) it returns the Tensor at once,
+    # from plain sync code, on the process-wide CPU allocator
+    # (:func:`host_allocator`), as ``onnxruntime.OrtValue.ortvalue_from_numpy``.
+
     @classmethod
-    async def from_numpy(cls, array: np.ndarray, provider: ExecutionProvider, *,
-                         copy: bool = True, role: str = "tensors") -> "Tensor":
-        """A tensor on ``provider`` holding ``array``'s values.
+    def from_numpy(cls, array: np.ndarray, provider: ExecutionProvider | str | None = None, *,
+                   device: str = "cpu", copy: bool = True,
+                   role: str = "tensors") -> "Tensor | Awaitable[Tensor]":
+        """A tensor holding ``array``'s values (any shape and dtype).
 
         With ``copy=False`` on a host-accessible provider a C-contiguous,
         aligned, writeable array is borrowed without a copy (the tensor keeps it
         alive); otherwise the provider copies it in.
 
+        Args:
+            array: the values.
+            provider: a session's provider: the call returns an awaitable.
+                ``None`` (or a device name): the Tensor itself, on the
+                process-wide CPU allocator.
+            device: ``"cpu"`` (the only device without a provider).
+
         Raises:
+            InvalidArgumentError: a device other than ``"cpu"`` without a provider.
             OutOfMemoryError: over the provider's memory limit.
             SessionClosedError: the provider was closed.
         """
+        provider, host = _provider_or_host(provider, device)
         array = np.asarray(array)
         dtype = from_numpy_dtype(array.dtype)
         if (not copy and provider.host_accessible and array.flags.c_contiguous
                 and array.flags.aligned and array.flags.writeable):
-            buf = await provider.ref.ask(Adopt(array, role))
+            msg = Adopt(array, role)
         else:
-            buf = await provider.ref.ask(CopyFromHost(np.ascontiguousarray(array), role))
-        return cls(provider, buf, dtype, array.shape)
+            msg = CopyFromHost(np.ascontiguousarray(array), role)
+        if host is not None:
+            return cls._on_host(host, host.call(msg), dtype, array.shape)
+        return cls._ask(provider, msg, dtype, array.shape)
 
     @classmethod
-    async def from_bytes(cls, data: bytes, dtype: int | ir.DataType, shape: Sequence[int],
-                         provider: ExecutionProvider) -> "Tensor":
-        """A tensor from raw little-endian element bytes.
+    def ortvalue_from_numpy(cls, array: np.ndarray, device_type: str = "cpu",
+                            device_id: int = 0) -> "Tensor":
+        """onnxruntime's ``OrtValue.ortvalue_from_numpy``: a CPU tensor over
+        ``array`` (borrowed without a copy where it is C-contiguous, aligned
+        and writeable, as onnxruntime does).
+
+        Raises:
+            InvalidArgumentError: ``device_type`` is not ``"cpu"``.
+        """
+        return cls.from_numpy(array, device=_device_name(device_type, device_id), copy=False)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, dtype: int | ir.DataType, shape: Sequence[int],
+                   provider: ExecutionProvider | str | None = None, *,
+                   device: str = "cpu") -> "Tensor | Awaitable[Tensor]":
+        """A tensor from raw little-endian element bytes (awaitable with a
+        provider, the Tensor itself without one: see :meth:`from_numpy`).
 
         Raises:
             InvalidArgumentError: ``len(data)`` differs from the shape's byte count.
@@ -96,36 +130,45 @@ class Tensor:
                                        expected=f"{need} bytes for {list(shape)}",
                                        got=f"{len(data)} bytes")
         arr = np.frombuffer(data, dtype=to_numpy_dtype(dtype).newbyteorder("<"))
-        return await cls.from_numpy(arr.astype(to_numpy_dtype(dtype)).reshape(shape), provider)
+        return cls.from_numpy(arr.astype(to_numpy_dtype(dtype)).reshape(shape), provider,
+                              device=device)
 
     @classmethod
-    async def empty(cls, dtype: int | ir.DataType, shape: Sequence[int],
-                    provider: ExecutionProvider, *, role: str = "tensors") -> "Tensor":
-        """An uninitialised tensor.
+    def empty(cls, dtype: int | ir.DataType, shape: Sequence[int],
+              provider: ExecutionProvider | str | None = None, *, device: str = "cpu",
+              role: str = "tensors") -> "Tensor | Awaitable[Tensor]":
+        """An uninitialised tensor (awaitable with a provider, the Tensor
+        itself without one: see :meth:`from_numpy`).
 
         Raises:
             OutOfMemoryError: over the limit, or a byte count that overflows —
                 checked before anything is allocated.
         """
-        buf = await provider.ref.ask(Allocate(tuple(shape), int(dtype), role))
-        return cls(provider, buf, ir.DataType(int(dtype)), tuple(shape))
+        provider, host = _provider_or_host(provider, device)
+        msg = Allocate(tuple(shape), int(dtype), role)
+        if host is not None:
+            return cls._on_host(host, host.call(msg), ir.DataType(int(dtype)), tuple(shape))
+        return cls._ask(provider, msg, ir.DataType(int(dtype)), tuple(shape))
 
     @classmethod
-    async def from_dlpack(cls, obj: Any, provider: ExecutionProvider, *,
-                          on_release: Callable[[], None] | None = None) -> "Tensor":
-        """Zero-copy import of any DLPack producer on a host-accessible provider.
-        The foreign owner is held by a guard released exactly once, after the
-        buffer is returned (``on_release`` runs then).
+    def from_dlpack(cls, obj: Any, provider: ExecutionProvider | str | None = None, *,
+                    device: str = "cpu",
+                    on_release: Callable[[], None] | None = None) -> "Tensor | Awaitable[Tensor]":
+        """Zero-copy import of any DLPack producer on a host-accessible provider
+        (awaitable with a provider, the Tensor itself without one: see
+        :meth:`from_numpy`). The foreign owner is held by a guard released
+        exactly once, after the buffer is returned (``on_release`` runs then).
 
         Raises:
             InvalidArgumentError: the producer lives on another device.
         """
+        provider, host = _provider_or_host(provider, device)
         if not provider.host_accessible:
             array = provider.import_dlpack(obj)
         else:
             try:
                 array = np.from_dlpack(obj)
-            except (BufferError, RuntimeError, TypeError) as e:
+            except (BufferError, RuntimeError, TypeError, AttributeError) as e:
                 raise InvalidArgumentError(f"cannot import this DLPack object on provider "
                                            f"{provider.name}: {e}", expected="a CPU DLPack tensor",
                                            got=type(obj).__name__) from e
@@ -136,13 +179,45 @@ class Tensor:
             if on_release is not None:
                 on_release()
 
-        buf = await provider.ref.ask(Adopt(array, "tensors", guard))
-        return cls(provider, buf, from_numpy_dtype(array.dtype), array.shape)
+        msg = Adopt(array, "tensors", guard)
+        dtype = from_numpy_dtype(array.dtype)
+        if host is not None:
+            return cls._on_host(host, host.call(msg), dtype, array.shape)
+        return cls._ask(provider, msg, dtype, array.shape)
+
+    @classmethod
+    async def _ask(cls, provider: ExecutionProvider, msg: Any, dtype: Any,
+                   shape: tuple) -> "Tensor":
+        buf = await provider.ref.ask(msg)
+        return cls(provider, buf, dtype, shape)
+
+    @classmethod
+    def _on_host(cls, host: "HostAllocator", buf: Buffer, dtype: Any, shape: tuple) -> "Tensor":
+        t = cls(host, buf, dtype, shape)
+        # no session closes the process-wide allocator: a dropped tensor's
+        # buffer is returned when the tensor is collected (close() earlier)
+        weakref.finalize(t, host.free, buf.id)
+        return t
 
     # ------------------------------------------------------------- inspect
     @property
     def device(self) -> str:
         return self._provider.name
+
+    def device_name(self) -> str:
+        """onnxruntime's ``OrtValue.device_name()``: ``"cpu"``, ``"cuda"``."""
+        return self._provider.name
+
+    def data_type(self) -> str:
+        """onnxruntime's ``OrtValue.data_type()``, e.g. ``'tensor(float)'``."""
+        from ._dtypes import type_string
+        return f"tensor({type_string(int(self.dtype))})"
+
+    def is_tensor(self) -> bool:
+        return True
+
+    def has_value(self) -> bool:
+        return not self.closed
 
     @property
     def closed(self) -> bool:
@@ -260,7 +335,8 @@ class Tensor:
     async def clone(self) -> "Tensor":
         """A deep copy on the same provider."""
         host = await self.to_numpy()
-        return await Tensor.from_numpy(host, self._provider)
+        t = Tensor.from_numpy(host, self._provider)
+        return t if isinstance(t, Tensor) else await t
 
     def close(self) -> None:
         """Return the buffer to its provider. Exactly once; later calls and a
@@ -289,6 +365,106 @@ def _alignment(ptr: int) -> int:
     if ptr == 0:
         return 0
     return ptr & -ptr if ptr else 0
+
+
+class HostAllocator:
+    """The process-wide CPU allocator: host memory for tensors made without a
+    session (``Tensor.from_numpy(array)``), usable from any thread with no
+    event loop. It answers the provider messages a :class:`Tensor` sends
+    (copies, argmax, frees) in the calling thread, with a CPU provider's
+    buffer bookkeeping and memory accounting (no limit).
+
+    Attributes:
+        name: ``"cpu"``. host_accessible: ``True``.
+        memory: its :class:`~actorrt.providers._memory.MemoryAccountant`
+            (role ``tensors``).
+    """
+
+    name = "cpu"
+    host_accessible = True
+
+    def __init__(self) -> None:
+        from .providers.cpu import CPUExecutionProvider
+
+        self._provider = CPUExecutionProvider(workers=1)
+        self.memory = self._provider.memory
+        self._lock = threading.RLock()
+        self.ref = self  # a Tensor's ``ref.ask`` / ``ref.tell`` land in call()
+
+    def call(self, message: Any) -> Any:
+        """Handle one provider message now, in the calling thread.
+
+        Raises:
+            Whatever the message raises (OutOfMemoryError, InvalidArgumentError...).
+        """
+        with self._lock:
+            handler = self._provider.handle(message)
+            try:
+                handler.send(None)
+            except StopIteration as done:  # the buffer messages never suspend
+                return done.value
+            handler.close()
+            raise InvalidArgumentError(f"{type(message).__name__} needs a session's provider",
+                                       expected="a buffer message", got=type(message).__name__)
+
+    async def ask(self, message: Any) -> Any:
+        return self.call(message)
+
+    def tell(self, message: Any) -> None:
+        self.call(message)
+
+    def free(self, buffer_id: int) -> None:
+        """Return a buffer (idempotent)."""
+        self.call(Free(buffer_id))
+
+    def _release(self, b: Buffer) -> None:
+        with self._lock:
+            self._provider._release(b)
+
+    def statistics(self) -> Any:
+        """:class:`~actorrt.providers.base.ProviderStatistics` of the allocator."""
+        return self._provider.statistics()
+
+
+_HOST: HostAllocator | None = None
+_HOST_LOCK = threading.Lock()
+
+
+def host_allocator() -> HostAllocator:
+    """The process-wide :class:`HostAllocator` (made on first use)."""
+    global _HOST
+    if _HOST is None:
+        with _HOST_LOCK:
+            if _HOST is None:
+                _HOST = HostAllocator()
+    return _HOST
+
+
+def _device_name(device_type: str, device_id: int = 0) -> str:
+    return device_type if not device_id else f"{device_type}:{device_id}"
+
+
+def _provider_or_host(provider: Any, device: str) -> tuple[Any, HostAllocator | None]:
+    """``(provider, None)`` for a provider; ``(host, host)`` for none (or a
+    device name given in the provider's place).
+
+    Raises:
+        InvalidArgumentError: a device other than the CPU without a provider.
+    """
+    if isinstance(provider, str):
+        provider, device = None, provider
+    if isinstance(provider, HostAllocator):
+        return provider, provider
+    if provider is not None:
+        return provider, None
+    d = str(device).lower()
+    if d not in ("cpu", "cpu:0"):
+        raise InvalidArgumentError(
+            f"a tensor on device {device!r} needs that device's provider: "
+            f"`await Tensor.from_numpy(array, session_provider)`",
+            input="device", expected="'cpu' (or a provider)", got=repr(device))
+    host = host_allocator()
+    return host, host
 
 
 @attrs.frozen

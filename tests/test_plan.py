@@ -81,7 +81,8 @@ def _transpose_reshape(shape_to):
 
 async def test_transpose_reshape_chain_allocates_nothing_when_views_suffice():
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-    opts = actorrt.SessionOptions(track_memory=True)
+    # output_views: see the plan's own zero-copy result (by default it is copied out)
+    opts = actorrt.SessionOptions(track_memory=True, output_views=True)
     async with actorrt.open_session(_transpose_reshape([2, 4, 3, 1]), options=opts) as s:
         cpu = s._providers[0]
         before = cpu.statistics().memory

@@ -41,13 +41,13 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncContextManager, AsyncIterator, Sequence
 
 import attrs
 import numpy as np
 import trio
 
-from .._errors import GenerationError, InvalidArgumentError, SessionClosedError
+from .._errors import GenerationError, InvalidArgumentError, SessionClosedError, UnwrapGroups
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
 from .models import LOGITS_POSITIONS
@@ -812,15 +812,22 @@ class Engine:
         self._set_kv_bytes()
 
 
-@asynccontextmanager
-async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
-                      kv_budget_bytes: int | None = None, prefill_chunk: int = 64,
-                      providers: Sequence[Any] | None = None,
-                      options: SessionOptions | None = None,
-                      home: str | Path | None = None,
-                      accuracy_level: int = 0) -> AsyncIterator[Engine]:
+def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
+                kv_budget_bytes: int | None = None, prefill_chunk: int = 64,
+                providers: Sequence[Any] | None = None,
+                options: SessionOptions | None = None,
+                home: str | Path | None = None,
+                accuracy_level: int = 0) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
-    open its session and run the engine actor until the block exits.
+    open its session and run the engine actor until the block exits::
+
+        async with open_engine("smollm2") as engine:
+            ...
+
+    What leaves the block is the exception itself, never an ExceptionGroup
+    around it (unless several distinct failures happened at once): the body's
+    own exception passes through unchanged, and ``except
+    actorrt.ActorRTError`` catches the engine's errors outside the block.
 
     Args:
         model: model name, llama-family ``.gguf`` path, or folder from
@@ -845,7 +852,23 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
             unknown ``accuracy_level``.
+        InvalidArgumentError: bad ``options`` or ``providers`` (as
+            :func:`actorrt.open_session`).
     """
+    if options is not None:
+        options = SessionOptions.check(options)
+    return UnwrapGroups(_open_engine(model, max_batch=max_batch,
+                                     kv_budget_bytes=kv_budget_bytes,
+                                     prefill_chunk=prefill_chunk, providers=providers,
+                                     options=options, home=home,
+                                     accuracy_level=accuracy_level))
+
+
+@asynccontextmanager
+async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: int | None,
+                       prefill_chunk: int, providers: Sequence[Any] | None,
+                       options: SessionOptions | None, home: str | Path | None,
+                       accuracy_level: int) -> AsyncIterator[Engine]:
     from .models import model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -858,6 +881,9 @@ async def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
     if options is None:
         options = SessionOptions(parallel_execution=False)
+    # the engine keeps its outputs to itself (logits sampled, KV written in
+    # place into donated buffers): no copies to make them owned
+    options = attrs.evolve(options, output_views=True)
     # the head reads only the positions the engine samples from
     path = await trio.to_thread.run_sync(
         functools.partial(model_file, folder, accuracy_level, last_logits=True))

@@ -95,15 +95,17 @@ def check_output_bytes(shape, dtype, *, what: str) -> None:
     acc = getattr(_current, "acc", None)
     in_use = acc.statistics().live_bytes if acc is not None else 0
     provider = acc.provider if acc is not None else "cpu"
+    model = acc.model if acc is not None else None
+    # the node is named by the plan, which knows which one is running
     if acc is not None and acc.limit is not None and in_use + nbytes > acc.limit:
         raise OutOfMemoryError(f"{what} of shape {tuple(shape)} would pass the memory limit",
                                requested=nbytes, in_use=in_use, limit=acc.limit,
-                               role="activations", provider=provider)
+                               role="activations", provider=provider, model=model)
     phys = _physical_bytes()
     if nbytes > phys or not math.isfinite(float(nbytes)):
         raise OutOfMemoryError(f"{what} of shape {tuple(shape)} exceeds this machine's "
                                f"{phys} bytes of memory", requested=nbytes, in_use=in_use,
-                               limit=phys, role="activations", provider=provider)
+                               limit=phys, role="activations", provider=provider, model=model)
 
 
 @attrs.frozen
@@ -135,9 +137,11 @@ class MemoryAccountant:
     Thread-safe: kernels running in worker threads may reserve workspace.
     """
 
-    def __init__(self, provider: str, limit: int | None = None):
+    def __init__(self, provider: str, limit: int | None = None, model: str | None = None):
         self.provider = provider
         self.limit = limit
+        #: the model whose session owns the provider (named in OutOfMemoryError)
+        self.model = model
         self._lock = threading.Lock()
         self._live = {r: 0 for r in ROLES}
         self._peak = {r: 0 for r in ROLES}
@@ -146,12 +150,20 @@ class MemoryAccountant:
         self._allocs = 0
         self._frees = 0
 
-    def reserve(self, nbytes: int, role: str, *, what: str = "") -> None:
+    def reserve(self, nbytes: int, role: str, *, what: str = "", node: str | None = None) -> None:
         """Account ``nbytes`` for ``role``.
+
+        Args:
+            nbytes: bytes.
+            role: one of :data:`ROLES`.
+            what: what the memory is for (named in the error).
+            node: the node asking, where one is (named in the error; the plan
+                names the running node otherwise).
 
         Raises:
             OutOfMemoryError: ``nbytes`` is negative or overflows, or the limit
-                would be exceeded. Nothing is accounted then.
+                would be exceeded (naming the model and node). Nothing is
+                accounted then.
         """
         if role not in self._live:
             raise ValueError(f"unknown memory role {role!r}; one of {ROLES}")
@@ -159,12 +171,14 @@ class MemoryAccountant:
             if nbytes < 0 or nbytes >= 2**63:
                 raise OutOfMemoryError(f"invalid allocation size{(' for ' + what) if what else ''}",
                                        requested=nbytes, in_use=self._total, limit=self.limit,
-                                       role=role, provider=self.provider)
+                                       role=role, provider=self.provider, model=self.model,
+                                       node=node)
             if self.limit is not None and self._total + nbytes > self.limit:
                 raise OutOfMemoryError(f"allocation over the memory limit"
                                        f"{(' for ' + what) if what else ''}",
                                        requested=nbytes, in_use=self._total, limit=self.limit,
-                                       role=role, provider=self.provider)
+                                       role=role, provider=self.provider, model=self.model,
+                                       node=node)
             self._live[role] += nbytes
             self._total += nbytes
             self._allocs += 1

@@ -52,12 +52,10 @@ def generate_main(args: argparse.Namespace) -> int:
         async with open_engine(args.model, accuracy_level=args.accuracy_level) as engine:
             if not args.chat:
                 _write(args.prompt)
-            res = None
-            async for item in engine._run(prompt, params):
-                if isinstance(item, str):
-                    _write(item)
-                else:
-                    res = item
+            stream = engine.stream(prompt, params)
+            async for piece in stream:
+                _write(piece)
+            res = stream.result
             _write("\n")
             if args.stats and res is not None:
                 print(f"prompt: {res.prompt_tokens} tokens, {res.prompt_tokens_per_s:.1f} tok/s; "

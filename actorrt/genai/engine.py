@@ -51,9 +51,10 @@ from .._errors import GenerationError, InvalidArgumentError, SessionClosedError,
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
 from .models import LOGITS_POSITIONS
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, TokenLogprob
 
-__all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics"]
+__all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics", "GenerationStream",
+           "StreamPiece"]
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -98,6 +99,67 @@ class GenerationResult:
     def decode_tokens_per_s(self) -> float:
         n = len(self.token_ids) - 1
         return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+
+
+@attrs.frozen
+class StreamPiece:
+    """What one generated token adds to a stream (``engine.stream(...,
+    details=True)``).
+
+    Attributes:
+        text: text released by the token (may be ``""``: half a character, or
+            a possible stop-string prefix held back; the held text arrives with
+            a later piece). The last piece of a stream may carry only text
+            (``token_ids`` empty): the held-back tail.
+        token_ids: the token (one id), or ``()`` for the tail piece.
+        logprobs: with :attr:`SamplingParams.logprobs` set, the token's
+            :class:`~actorrt.genai.sampling.TokenLogprob` (one per id);
+            otherwise ``None``.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+class GenerationStream:
+    """The async iterator :meth:`Engine.stream` returns: text pieces (``str``)
+    or, with ``details=True``, :class:`StreamPiece` objects.
+
+    After the iteration ends, :attr:`result` holds the request's
+    :class:`GenerationResult` (finish reason, token ids, counts, timings).
+    A stream the engine aborted (the engine closed under it) raises
+    :class:`~actorrt.SessionClosedError` instead of ending.
+    ``await stream.aclose()`` (or leaving an ``async with
+    contextlib.aclosing(stream)`` block) cancels the request.
+    """
+
+    def __init__(self, items: AsyncIterator[Any], details: bool):
+        self._items = items
+        self._details = details
+        #: the request's :class:`GenerationResult` once the stream ended
+        #: normally; ``None`` before
+        self.result: GenerationResult | None = None
+
+    def __aiter__(self) -> "GenerationStream":
+        return self
+
+    async def __anext__(self) -> "str | StreamPiece":
+        while True:
+            item = await self._items.__anext__()
+            if isinstance(item, GenerationResult):
+                self.result = item
+                continue
+            if self._details:
+                return item if isinstance(item, StreamPiece) else StreamPiece(item, ())
+            text = item.text if isinstance(item, StreamPiece) else item
+            if text:
+                return text
+
+    async def aclose(self) -> None:
+        """Stop reading: the request is cancelled and its KV cache freed at the
+        next step boundary."""
+        await self._items.aclose()
 
 
 @attrs.frozen
@@ -154,6 +216,7 @@ class _Request:
         self.pending: int | None = None  # sampled, not yet fed to the model
         self.cancelled = False
         self.done = False
+        self.details = False  # send StreamPiece objects rather than text
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
         self.held = ""  # text held back (possible stop-string prefix)
@@ -184,7 +247,12 @@ class _Request:
         return out, False
 
     def flush(self) -> str:
-        tail = self.held + self.decoder.decode(b"", final=True)
+        """The text held back, at the request's end. Bytes of a character the
+        generation stopped inside (e.g. cut by ``max_new_tokens``) are
+        dropped: they never decode to text, and U+FFFD would be a character
+        the model did not produce."""
+        tail = self.held
+        self.decoder.reset()
         self.held = ""
         self.text += tail
         return tail
@@ -278,21 +346,26 @@ class Engine:
                                    "chat messages", expected="str | list[int] | list[dict]",
                                    got=type(prompt).__name__)
 
-    async def stream(self, prompt: Prompt, params: SamplingParams | None = None
-                     ) -> AsyncIterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
+               details: bool = False) -> GenerationStream:
         """Generate, yielding text pieces as they are decoded (UTF-8 safe: never
-        half a character; spaces kept). Leaving the loop early, closing the
-        iterator or cancelling the task frees the request's KV cache at the next
-        step boundary.
+        half a character; spaces kept), or with ``details=True`` one
+        :class:`StreamPiece` per generated token (ids, log-probabilities).
+        The returned :class:`GenerationStream` holds the
+        :class:`GenerationResult` in ``.result`` once it ends. Leaving the
+        loop early, closing the iterator or cancelling the task frees the
+        request's KV cache at the next step boundary.
 
-        Raises:
+        Raises (while iterating):
             GenerationError: the request can never fit (context or KV budget).
             InvalidArgumentError: a malformed prompt.
-            SessionClosedError: the engine is closed.
+            SessionClosedError: the engine is closed, or closed before the
+                request finished (the stream was cut short).
         """
-        async for item in self._run(prompt, params):
-            if isinstance(item, str):
-                yield item
+        if not isinstance(details, bool):
+            raise InvalidArgumentError("details must be a bool", expected="True or False",
+                                       got=repr(details))
+        return GenerationStream(self._run(prompt, params, details=details), details)
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None
                        ) -> GenerationResult:
@@ -304,7 +377,8 @@ class Engine:
         assert result is not None
         return result
 
-    async def _run(self, prompt: Prompt, params: SamplingParams | None):
+    async def _run(self, prompt: Prompt, params: SamplingParams | None, *,
+                   details: bool = False):
         if self._closed:
             raise SessionClosedError("the engine is closed")
         params = params or SamplingParams()
@@ -321,6 +395,7 @@ class Engine:
         send, recv = trio.open_memory_channel(math.inf)
         req = _Request(ids, params, send, self.tokenizer)
         req.reserved = need
+        req.details = details
         self._inbox_send.send_nowait(req)
         self._interrupt = True  # a decode run in the worker thread ends at its next step
         self._wake.set()
@@ -590,7 +665,7 @@ class Engine:
         token = trio.lowlevel.current_trio_token()
         limit = self.decode_run_steps
         # greedy without a repetition penalty: the sampler's argmax, called directly
-        argmax = [r.params.greedy and r.params.repetition_penalty == 1.0 for r in reqs]
+        argmax = [r.params.plain_argmax for r in reqs]
         # the attention mask of every step of the run, row b ones up to its
         # length + 1 (each step sets one more column per row)
         masks = np.zeros((len(reqs), max(lengths) + limit + 1), np.int64)
@@ -774,7 +849,11 @@ class Engine:
         req.generated.append(tid)
         req.pending = tid
         text, stopped = req.push_token(tid)
-        if text:
+        if req.details:
+            lps = req.sampler.logprobs
+            i = len(req.generated) - 1
+            self._send(req, StreamPiece(text, (tid,), (lps[i],) if i < len(lps) else None))
+        elif text:
             self._send(req, text)
         if stopped:
             self._finish(req, "stop")
@@ -800,10 +879,15 @@ class Engine:
     async def _shutdown(self) -> None:
         self._closed = True
         self._interrupt = True
+        self._drain_inbox()  # requests sent but never seen by the loop end too
         for r in list(self._waiting) + list(self._prefilling) + list(self._decoding):
             if not r.done:
                 r.cancelled = True
-                self._finish(r, "cancelled")
+                # a stream cut short must not end like a finished one
+                self._fail(r, SessionClosedError(
+                    f"the engine closed before the request finished ({len(r.generated)} of "
+                    f"at most {r.params.max_new_tokens} tokens generated)",
+                    model=str(self.session.model_name)))
         self._waiting.clear()
         self._prefilling.clear()
         self._decoding.clear()

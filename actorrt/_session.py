@@ -44,6 +44,16 @@ class SessionOptions:
             kernels (the CPU provider: one kernel per LLM decoder block, see
             ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
             optimizations do; same results, fewer dispatches.
+        graph_optimization_level: graph rewrites before placement
+            (:mod:`actorrt.optimizer`), as onnxruntime's option: ``0`` /
+            ``"ORT_DISABLE_ALL"``, ``1`` / ``"ORT_ENABLE_BASIC"``, ``2`` /
+            ``"ORT_ENABLE_EXTENDED"``, ``99`` / ``"ORT_ENABLE_ALL"`` (default);
+            onnxruntime's ``GraphOptimizationLevel`` members are accepted too.
+            ``plan.fusions`` lists what fired.
+        intra_op_num_threads: threads the CPU kernels (BLAS, compiled
+            kernels) use; ``None`` or ``0``: every core. BLAS thread pools are
+            process-wide: the setting is applied when this session's worker
+            runs, so sessions with different counts switch the pool.
     """
 
     workers: int | None = None
@@ -56,6 +66,8 @@ class SessionOptions:
     enable_fallback: bool = False
     track_memory: bool = False
     fuse_kernels: bool = True
+    graph_optimization_level: Any = "ORT_ENABLE_ALL"
+    intra_op_num_threads: int | None = None
 
 
 @attrs.frozen
@@ -71,6 +83,14 @@ class NodeArg:
     name: str
     shape: list
     type: str
+
+
+def _opt_level(options: SessionOptions) -> int:
+    from .optimizer import parse_level
+    try:
+        return parse_level(options.graph_optimization_level)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
 
 
 def _node_arg(spec: IOSpec) -> NodeArg:
@@ -417,7 +437,8 @@ async def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
                             parallel=options.parallel_execution,
                             segment_threshold_us=options.segment_threshold_us, tracer=tracer,
                             track_memory=options.track_memory or options.memory_limit is not None,
-                            fuse=options.fuse_kernels)
+                            fuse=options.fuse_kernels,
+                            graph_optimization_level=_opt_level(options))
     m = loaded.model
     opsets = dict(m.opset_imports)
     plan = await trio.to_thread.run_sync(

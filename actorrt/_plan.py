@@ -61,6 +61,8 @@ class PlanOptions:
             ``activations`` on its provider; off compiles no accounting code.
         fuse: let providers fuse known subgraphs of the main graph
             (:meth:`ExecutionProvider.fuse_steps`).
+        graph_optimization_level: :mod:`actorrt.optimizer` level run on the
+            main graph after folding (0 none, 1 basic, 2 extended, 99 all).
     """
 
     fold_constants: bool = True
@@ -69,6 +71,7 @@ class PlanOptions:
     tracer: Any = None
     track_memory: bool = False
     fuse: bool = True
+    graph_optimization_level: int = 99
 
 
 @attrs.define(eq=False)
@@ -598,6 +601,8 @@ class _Compiler:
             # in the main graph, and names may repeat across graphs)
             self._ir_node[id(spec)] = node
             pending.append(Step(len(pending), spec, None))
+        if self.options.graph_optimization_level and not self.outer:
+            pending = self.optimize(pending)
         self.place(pending)
         self.instantiate(pending)
         if self.options.fuse and not self.outer:
@@ -715,6 +720,27 @@ class _Compiler:
         self.plan.placement.append(NodePlacement(spec.name, spec.op_type, "constant",
                                                  {cpu.name: "folded at plan time"}))
         return True
+
+    def optimize(self, steps: list[Step]) -> list[Step]:
+        """Run the graph optimizer's passes (:mod:`actorrt.optimizer`) over the
+        folded nodes; records what fired in :attr:`Plan.fusions`."""
+        from .optimizer import optimize
+
+        def add_const(hint: str, arr: np.ndarray) -> str:
+            name, k = hint, 0
+            while name in self.consts or name in self.types or name in self.slots:
+                k += 1
+                name = f"{hint}.{k}"
+            self.consts[name] = arr
+            self.types[name] = ValueType("tensor", int(_dtypes.from_numpy_dtype(arr.dtype)),
+                                         tuple(arr.shape))
+            return name
+
+        protected = {v.name for v in self.graph.outputs}
+        specs, fusions = optimize([st.node for st in steps], self.options.graph_optimization_level,
+                                  protected, self.consts, add_const)
+        self.plan.fusions.extend(fusions)
+        return [Step(i, sp, None) for i, sp in enumerate(specs)]
 
     # ------------------------------------------------------------ placement
     def place(self, steps: list[Step]) -> None:

@@ -56,6 +56,15 @@ def _trace_level(inst: Any, attribute: Any, value: Any) -> None:
         raise _field_error(attribute.name, f"one of {list(LEVELS)}", value)
 
 
+def _optimization_level(inst: Any, attribute: Any, value: Any) -> None:
+    from .optimizer import parse_level
+    try:
+        parse_level(value)
+    except ValueError:
+        raise _field_error(attribute.name, "0/1/2/99 or ORT_DISABLE_ALL, ORT_ENABLE_BASIC, "
+                           "ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL", value) from None
+
+
 def _path(inst: Any, attribute: Any, value: Any) -> None:
     if value is not None and not isinstance(value, str):
         raise _field_error(attribute.name, "None or a file path (str or os.PathLike)", value)
@@ -95,6 +104,16 @@ class SessionOptions:
             Off (the default), every returned array owns its memory and is
             writable, as onnxruntime's (only outputs that would alias a feed,
             a constant or another output are copied).
+        graph_optimization_level: graph rewrites before placement
+            (:mod:`actorrt.optimizer`), as onnxruntime's option: ``0`` /
+            ``"ORT_DISABLE_ALL"``, ``1`` / ``"ORT_ENABLE_BASIC"``, ``2`` /
+            ``"ORT_ENABLE_EXTENDED"``, ``99`` / ``"ORT_ENABLE_ALL"`` (default);
+            onnxruntime's ``GraphOptimizationLevel`` members are accepted too.
+            ``plan.fusions`` lists what fired.
+        intra_op_num_threads: threads the CPU kernels (BLAS, compiled
+            kernels) use; ``None`` or ``0``: every core. BLAS thread pools are
+            process-wide: the setting is applied when this session's worker
+            runs, so sessions with different counts switch the pool.
 
     Raises:
         InvalidArgumentError: a field of the wrong type (flags must be
@@ -113,6 +132,9 @@ class SessionOptions:
     track_memory: bool = attrs.field(default=False, validator=_flag)
     fuse_kernels: bool = attrs.field(default=True, validator=_flag)
     output_views: bool = attrs.field(default=False, validator=_flag)
+    graph_optimization_level: Any = attrs.field(default="ORT_ENABLE_ALL",
+                                                 validator=_optimization_level)
+    intra_op_num_threads: int | None = attrs.field(default=None, validator=_count(0))
 
     @classmethod
     def check(cls, options: Any) -> "SessionOptions":
@@ -154,6 +176,14 @@ class NodeArg:
     name: str
     shape: list
     type: str
+
+
+def _opt_level(options: SessionOptions) -> int:
+    from .optimizer import parse_level
+    try:
+        return parse_level(options.graph_optimization_level)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
 
 
 def _node_arg(spec: IOSpec) -> NodeArg:
@@ -576,7 +606,8 @@ async def _open_session(model: ModelLike, provs: list[ExecutionProvider],
                             parallel=options.parallel_execution,
                             segment_threshold_us=options.segment_threshold_us, tracer=tracer,
                             track_memory=options.track_memory or options.memory_limit is not None,
-                            fuse=options.fuse_kernels)
+                            fuse=options.fuse_kernels,
+                            graph_optimization_level=_opt_level(options))
     m = loaded.model
     opsets = dict(m.opset_imports)
     for p in provs:  # its memory errors name the model

@@ -198,6 +198,27 @@ def _softmax_in(scores: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 # ============================================================ RotaryEmbedding
 
+@cpu_kernel("ScaledDotAttention", domain="ai.actorrt")
+def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
+    """``softmax(q @ k * scale + mask) @ v`` over the last axis (engine op
+    from the graph optimizer's MatMul-scale-[Add]-Softmax-MatMul fusion):
+    float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
+    ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
+    The scores are scaled, masked and normalized in place."""
+    s = np.matmul(q, k)
+    if scale != 1.0:
+        s *= s.dtype.type(scale)
+    if mask is not None:
+        if np.broadcast_shapes(s.shape, mask.shape) == s.shape and mask.dtype == s.dtype:
+            s += mask
+        else:
+            s = s + mask
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return np.matmul(s, v)
+
+
 @cpu_kernel("RotaryEmbedding", since=23)
 def RotaryEmbedding(input, cos_cache, sin_cache, position_ids=None, *, interleaved=0,
                     num_heads=0, rotary_embedding_dim=0):

@@ -57,7 +57,11 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 @cpu_kernel("Gelu", domain=MS)
 def Gelu(X):
-    """com.microsoft Gelu: 0.5 * x * (1 + erf(x / sqrt(2)))."""
+    """com.microsoft Gelu: 0.5 * x * (1 + erf(x / sqrt(2))); float32 in
+    float32 (the Erf kernel's erf), in place on one copy."""
+    if X.dtype == np.float32:
+        from ._epilogue import gelu_inplace
+        return gelu_inplace(np.array(X, copy=True))
     return _gelu(X)
 
 

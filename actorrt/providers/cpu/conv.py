@@ -16,6 +16,7 @@ import numpy as np
 from ... import tracing
 from ..._dtypes import to_numpy_dtype
 from .._contract import Kernel, NodeSpec, WorkspaceRequest, require
+from . import _epilogue
 from ._conv_util import (compute_dtype, conv_core, conv_workspace, conv_geometry, decode_str, scatter_taps,
                          spatial_params)
 from .registry import cpu_kernel
@@ -122,6 +123,38 @@ class Conv(_PackedWeightConv):
                             pb, pe, out, workspace=workspace)
         tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
         return _finish(y, b, x.dtype)
+
+
+@cpu_kernel("FusedConv", domain="com.microsoft")
+class FusedConv(Conv):
+    """com.microsoft FusedConv (onnxruntime's contrib op, what the graph
+    optimizer makes of ``Conv [+ Add] + activation``): ``Y = act(Conv(X, W) + B
+    + Z)``; X, W, B as Conv, Z (optional) of Y's shape, attribute
+    ``activation`` one of Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSigmoid
+    with ``activation_params`` as onnxruntime's. Bias, Z and the activation
+    are applied in place on the convolution's result."""
+
+    @classmethod
+    def check(cls, node):
+        _check_conv_attrs(node)
+        act = decode_str(node.attr("activation"), "")
+        require(act in _epilogue.ACTIVATIONS and act != "Gelu",
+                "FusedConv: unsupported activation %r", act)
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._act = _epilogue.activation(decode_str(node.attr("activation"), ""),
+                                         node.attr("activation_params") or ())
+
+    def run(self, x, w, b=None, z=None, *, workspace=()):
+        y = super().run(x, w, b, workspace=workspace)
+        if y.dtype.kind != "f" or not y.flags.writeable:
+            y = np.array(y, dtype=np.result_type(y.dtype, np.float32))
+        if z is not None:
+            if z.shape != y.shape:
+                raise ValueError(f"FusedConv: Z has shape {z.shape}, the convolution's output {y.shape}")
+            y += z
+        return self._act(y).astype(x.dtype, copy=False)
 
 
 @cpu_kernel("ConvTranspose", since=(1, 11, 22))

@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ... import _dtypes
-from .._contract import Kernel, NodeSpec
+from .._contract import Kernel, NodeSpec, require
+from . import _epilogue
 from ._reduce_util import LOW_PRECISION_FLOATS, upcast
 from .registry import cpu_kernel
 
@@ -147,6 +148,61 @@ class Gemm(Kernel):
             cc = upcast(c)
             y += cc if self.beta == 1 else cc * cc.dtype.type(self.beta)
         return y.astype(out_dtype, copy=False)
+
+
+@cpu_kernel("FusedGemm", domain="com.microsoft")
+class FusedGemm(Gemm):
+    """com.microsoft FusedGemm (onnxruntime's contrib op): ``act(Gemm(A, B,
+    C))`` with Gemm's attributes plus ``activation`` / ``activation_params``
+    (FusedConv's activations); the activation runs in place on the product."""
+
+    @classmethod
+    def check(cls, node: NodeSpec) -> None:
+        from ._conv_util import decode_str
+        act = decode_str(node.attr("activation"), "")
+        require(act in _epilogue.ACTIVATIONS, "FusedGemm: unsupported activation %r", act)
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        from ._conv_util import decode_str
+        self._act = _epilogue.activation(decode_str(node.attr("activation"), ""),
+                                         node.attr("activation_params") or ())
+
+    def run(self, a, b, c=None):
+        y = super().run(a, b, c)
+        if y.dtype.kind != "f":
+            raise ValueError(f"FusedGemm needs float inputs, got {y.dtype}")
+        return self._act(y)
+
+
+@cpu_kernel("MatMulEpilogue", domain="ai.actorrt")
+class MatMulEpilogue(Kernel):
+    """``act(A @ B + bias)`` (engine op from the graph optimizer's MatMul + Add
+    [+ Gelu / Relu] fusion): A ``(..., M, K)`` float, B ``(K, N)`` constant,
+    bias ``(N,)``; numpy matmul semantics for A, bias and activation applied
+    in place on the product. Attribute ``activation``: ``""``, ``"Relu"`` or
+    ``"Gelu"`` (erf form)."""
+
+    @classmethod
+    def check(cls, node: NodeSpec) -> None:
+        require(node.attr("activation", "") in ("", "Relu", "Gelu"),
+                "MatMulEpilogue: unsupported activation %r", node.attr("activation"))
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        return MatMul.estimate_flops(node)
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self._act = _epilogue.activation(node.attr("activation", ""))
+
+    def run(self, a, b, bias):
+        y = np.matmul(a, b)
+        if y.dtype != bias.dtype or not isinstance(y, np.ndarray) or y.ndim == 0:
+            y = np.asarray(y + bias)
+        else:
+            y += bias
+        return self._act(y)
 
 
 # ------------------------------------------------------------ integer / quantized

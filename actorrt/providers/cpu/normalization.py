@@ -119,6 +119,29 @@ def _standardize(xa: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarra
     return d
 
 
+@cpu_kernel("ChannelAffine", domain="ai.actorrt")
+class ChannelAffine(Kernel):
+    """``act(x * a[c] + t[c])`` over axis 1 of ``x (N, C, ...)`` (engine op from
+    the graph optimizer: BatchNormalization + per-channel Mul / Add +
+    activation); ``a``, ``t`` ``(C,)`` constants; attributes ``activation`` /
+    ``activation_params`` as FusedConv's. One multiply, one add in place."""
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        from ._conv_util import decode_str
+        from ._epilogue import activation
+        self._act = activation(decode_str(node.attr("activation"), ""),
+                               node.attr("activation_params") or ())
+
+    def run(self, x, a, t):
+        if x.ndim < 2 or x.shape[1] != a.shape[0]:
+            raise ValueError(f"ChannelAffine: input {x.shape} has no channel axis of {a.shape[0]}")
+        dt = acc_dtype(x.dtype)
+        y = x.astype(dt, copy=False) * _channel_shape(a.astype(dt, copy=False), x.ndim)
+        y += _channel_shape(t.astype(dt, copy=False), x.ndim)
+        return self._act(y).astype(x.dtype, copy=False)
+
+
 @cpu_kernel("InstanceNormalization", since=(1, 6, 22))
 def InstanceNormalization(input, scale, B, *, epsilon=1e-5):
     """ONNX InstanceNormalization (opsets 1, 6, 22): per (n, c) over the spatial dims."""

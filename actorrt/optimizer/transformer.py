@@ -1,0 +1,233 @@
+"""Transformer passes (extended level): the patterns PyTorch's exporters emit.
+
+* :func:`fuse_gelu` -- ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` in its exported
+  orders (``Div`` by sqrt(2) or ``Mul`` by 1/sqrt(2); the 0.5 applied to ``x``,
+  to ``1 + erf`` or last) -> ``com.microsoft:Gelu(x)``. Pre: float ``x``, the
+  constants within 1e-6 of theirs, every intermediate read only inside.
+* :func:`fuse_attention` -- ``MatMul(q, k) -> Div/Mul(scalar) -> [Add(mask)]
+  -> Softmax(last axis) -> MatMul(., v)`` -> ``ai.actorrt:ScaledDotAttention
+  (q, k, v[, mask], scale)``. Pre: float32, Softmax opset >= 13 over the last
+  axis, intermediates read only inside. Post: ``softmax(q @ k * scale + mask)
+  @ v`` in one kernel.
+* :func:`fuse_matmul_epilogue` -- ``MatMul(A, B) -> Add(bias) [-> Gelu | Relu]``
+  with a constant ``bias`` over the last axis -> ``ai.actorrt:MatMulEpilogue``;
+  ``Gemm -> activation`` -> ``com.microsoft:FusedGemm``. Pre: float, the
+  product read only by the Add, bias of N elements and rank <= the product's.
+* :func:`fuse_skip_layer_norm` -- ``Add(a, b) -> LayerNormalization(last
+  axis)`` with ``a``, ``b`` of the same known shape and constant scale / bias
+  -> ``com.microsoft:SkipLayerNormalization`` (its 4th output carries ``a + b``
+  when something else reads the sum). Pre: only LayerNormalization's first
+  output used; every other reader of the sum runs after the LayerNormalization.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..providers._contract import NodeSpec
+from ._graph import OptContext
+from .conv import ENGINE_DOMAIN, MS, activation_of
+
+__all__ = ["fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm"]
+
+
+def _scalar(ctx: OptContext, name: str) -> float | None:
+    c = ctx.const(name)
+    if c is None or c.size != 1 or c.dtype.kind != "f":
+        return None
+    return float(c.reshape(-1)[0])
+
+
+def _binary(s: NodeSpec | None, op: str) -> bool:
+    return s is not None and s.domain == "" and s.op_type == op and len(s.inputs) == 2 \
+        and len(s.outputs) == 1
+
+
+def _other(s: NodeSpec, x: str) -> str:
+    return s.inputs[1] if s.inputs[0] == x else s.inputs[0]
+
+
+def _near(v: float | None, want: float) -> bool:
+    return v is not None and abs(v - want) <= 1e-6 * max(1.0, abs(want))
+
+
+def fuse_gelu(ctx: OptContext) -> None:
+    """Erf GELU subgraphs -> ``com.microsoft:Gelu``."""
+    for erf in list(ctx.specs):
+        if erf.op_type != "Erf" or erf.domain != "" or erf not in ctx.specs:
+            continue
+        pre = ctx.producer.get(erf.inputs[0])
+        if pre is None or ctx.sole_reader(pre.outputs[0]) is not erf:
+            continue
+        if _binary(pre, "Div") and _near(_scalar(ctx, pre.inputs[1]), math.sqrt(2)):
+            x = pre.inputs[0]
+        elif _binary(pre, "Mul"):
+            x = pre.inputs[0] if _near(_scalar(ctx, pre.inputs[1]), 1 / math.sqrt(2)) else (
+                pre.inputs[1] if _near(_scalar(ctx, pre.inputs[0]), 1 / math.sqrt(2)) else None)
+        else:
+            x = None
+        if x is None or not ctx.is_float(x):
+            continue
+        add = ctx.sole_reader(erf.outputs[0])
+        if not _binary(add, "Add") or not _near(_scalar(ctx, _other(add, erf.outputs[0])), 1.0):
+            continue
+        m1 = ctx.sole_reader(add.outputs[0])
+        if not _binary(m1, "Mul"):
+            continue
+        o = _other(m1, add.outputs[0])
+        members = [pre, erf, add, m1]
+        if o == x:  # (x * (1 + erf)) * 0.5
+            m2 = ctx.sole_reader(m1.outputs[0])
+            if not _binary(m2, "Mul") or not _near(_scalar(ctx, _other(m2, m1.outputs[0])), 0.5):
+                continue
+            members.append(m2)
+        elif _near(_scalar(ctx, o), 0.5):  # ((1 + erf) * 0.5) * x
+            m2 = ctx.sole_reader(m1.outputs[0])
+            if not _binary(m2, "Mul") or _other(m2, m1.outputs[0]) != x:
+                continue
+            members.append(m2)
+        else:  # (x * 0.5) * (1 + erf)
+            h = ctx.producer.get(o)
+            if not _binary(h, "Mul") or ctx.sole_reader(o) is not m1 or \
+                    _other(h, x) == x or not _near(_scalar(ctx, _other(h, x)), 0.5) or x not in h.inputs:
+                continue
+            members.insert(0, h)
+        out = members[-1].outputs[0]
+        new = ctx.make(erf, "Gelu", MS, [x], [out], {}, name=erf.name + "/gelu", opset=1)
+        ctx.replace(members, new)
+
+
+def fuse_attention(ctx: OptContext) -> None:
+    """MatMul-scale-[mask]-Softmax-MatMul -> ``ai.actorrt:ScaledDotAttention``."""
+    for mm in list(ctx.specs):
+        if not _binary(mm, "MatMul") or mm not in ctx.specs:
+            continue
+        q, k = mm.inputs
+        if ctx.const(q) is not None or ctx.const(k) is not None:
+            continue
+        if not all(ctx.types.get(n) is not None and ctx.types[n].dtype == 1 for n in (q, k)):
+            continue
+        if (ctx.rank(q) or 0) < 2 or (ctx.rank(k) or 0) < 2:
+            continue
+        members, cur, scale = [mm], mm.outputs[0], 1.0
+        r = ctx.sole_reader(cur)
+        scaled = True
+        if _binary(r, "Div") and r.inputs[0] == cur and _scalar(ctx, r.inputs[1]):
+            scale = 1.0 / _scalar(ctx, r.inputs[1])
+        elif _binary(r, "Mul") and _scalar(ctx, _other(r, cur)) is not None:
+            scale = _scalar(ctx, _other(r, cur))
+        else:
+            scaled = False
+        if scaled:
+            members.append(r)
+            cur = r.outputs[0]
+            r = ctx.sole_reader(cur)
+        mask = ""
+        if _binary(r, "Add"):
+            mask = _other(r, cur)
+            if mask == cur or ctx.types.get(mask) is None or ctx.types[mask].dtype != 1:
+                continue
+            members.append(r)
+            cur = r.outputs[0]
+            r = ctx.sole_reader(cur)
+        if r is None or r.op_type != "Softmax" or r.domain != "" or r.opset < 13:
+            continue
+        rank = ctx.rank(cur)
+        if rank is None or int(r.attr("axis", -1)) not in (-1, rank - 1):
+            continue
+        members.append(r)
+        cur = r.outputs[0]
+        mm2 = ctx.sole_reader(cur)
+        if not _binary(mm2, "MatMul") or mm2.inputs[0] != cur or mm2.inputs[1] == cur:
+            continue
+        v = mm2.inputs[1]
+        if ctx.types.get(v) is None or ctx.types[v].dtype != 1:
+            continue
+        members.append(mm2)
+        ins = [q, k, v] + ([mask] if mask else [])
+        new = ctx.make(mm, "ScaledDotAttention", ENGINE_DOMAIN, ins, [mm2.outputs[0]],
+                       {"scale": float(scale)}, name=mm.name + "/attention", opset=1)
+        ctx.replace(members, new)
+
+
+def fuse_matmul_epilogue(ctx: OptContext) -> None:
+    """MatMul + bias [+ activation] -> MatMulEpilogue; Gemm + activation -> FusedGemm."""
+    for mm in list(ctx.specs):
+        if mm not in ctx.specs or mm.domain != "":
+            continue
+        if mm.op_type == "Gemm" and ctx.is_float(mm.inputs[0]):
+            r = ctx.sole_reader(mm.outputs[0])
+            act = activation_of(ctx, r, mm.outputs[0])
+            if act is None:
+                continue
+            at = dict(mm.attrs)
+            at["activation"] = act[0]
+            if act[1]:
+                at["activation_params"] = act[1]
+            new = ctx.make(mm, "FusedGemm", MS, mm.inputs, [r.outputs[0]], at, opset=1)
+            ctx.replace([mm, r], new)
+            continue
+        if not _binary(mm, "MatMul") or not ctx.is_float(mm.inputs[0]):
+            continue
+        b = ctx.const(mm.inputs[1])
+        if b is None or b.ndim != 2:
+            continue
+        add = ctx.sole_reader(mm.outputs[0])
+        if not _binary(add, "Add"):
+            continue
+        bias = ctx.const(_other(add, mm.outputs[0]))
+        rank = ctx.rank(mm.outputs[0])
+        if bias is None or bias.dtype != b.dtype or bias.size != b.shape[1] or \
+                bias.shape[-1:] != (b.shape[1],) or rank is None or bias.ndim > rank:
+            continue
+        members, out, at = [mm, add], add.outputs[0], {"activation": ""}
+        r = ctx.sole_reader(out)
+        if r is not None and r.op_type == "Gelu" and r.domain == MS and r.inputs == (out,):
+            members.append(r)
+            out = r.outputs[0]
+            at = {"activation": "Gelu"}
+        elif r is not None and r.op_type == "Relu" and r.domain == "":
+            members.append(r)
+            out = r.outputs[0]
+            at = {"activation": "Relu"}
+        bn = ctx.add_const(mm.name + "/bias", np.ascontiguousarray(bias.reshape(-1)))
+        new = ctx.make(mm, "MatMulEpilogue", ENGINE_DOMAIN, [mm.inputs[0], mm.inputs[1], bn],
+                       [out], at, opset=1)
+        ctx.replace(members, new)
+
+
+def fuse_skip_layer_norm(ctx: OptContext) -> None:
+    """Add + LayerNormalization -> ``com.microsoft:SkipLayerNormalization``."""
+    for ln in list(ctx.specs):
+        if ln.op_type != "LayerNormalization" or ln.domain != "" or ln not in ctx.specs:
+            continue
+        x = ln.inputs[0]
+        rank = ctx.rank(x)
+        if rank is None or int(ln.attr("axis", -1)) not in (-1, rank - 1):
+            continue
+        if not ctx.only_first_output_used(ln) or int(ln.attr("stash_type", 1)) != 1:
+            continue
+        gamma = ctx.const(ln.inputs[1])
+        beta = ctx.const(ln.inputs[2]) if ln.has_input(2) else None
+        if gamma is None or gamma.ndim != 1 or (ln.has_input(2) and (beta is None or beta.ndim != 1)):
+            continue
+        add = ctx.producer.get(x)
+        if not _binary(add, "Add"):
+            continue
+        a, b = add.inputs
+        ta, tb = ctx.types.get(a), ctx.types.get(b)
+        if ta is None or tb is None or ta.shape is None or ta.shape != tb.shape or ta.dtype != 1 or \
+                tb.dtype != 1 or None in ta.shape or ctx.const(a) is not None or ctx.const(b) is not None:
+            continue
+        others = [r for r in ctx.consumers.get(x, []) if r is not ln]
+        pos = {id(s): i for i, s in enumerate(ctx.specs)}
+        if any(pos[id(r)] < pos[id(ln)] for r in others) or ln.inputs.count(x) != 1:
+            continue
+        keep = x if (others or x in ctx.protected) else ""
+        ins = [a, b, ln.inputs[1]] + ([ln.inputs[2]] if ln.has_input(2) else [])
+        outs = [ln.outputs[0]] + (["", "", keep] if keep else [])
+        new = ctx.make(ln, "SkipLayerNormalization", MS, ins, outs,
+                       {"epsilon": float(ln.attr("epsilon", 1e-5))}, opset=1)
+        ctx.replace([add, ln], new)

@@ -5,13 +5,20 @@ Only the layouts the builder understands are decoded here (see
 :data:`SUPPORTED_WEIGHT_TYPES`); anything else raises
 :class:`~actorrt._errors.ModelLoadError` naming the tensor and its type.
 
-GGUF block layouts (32 weights per block, rows are output features):
+GGUF block layouts (rows are output features; :func:`split_blocks` follows
+``gguf.quants``' dequantization exactly):
 
-* ``Q4_0``: ``d: f16``, ``qs: 16 bytes`` -> ``w = d * (q - 8)``;
-* ``Q4_1``: ``d: f16``, ``m: f16``, ``qs: 16 bytes`` -> ``w = d * q + m``;
-* ``Q8_0``: ``d: f16``, ``qs: 32 x int8`` -> ``w = d * q``.
+* ``Q4_0`` / ``Q5_0`` / ``Q8_0``: 32 weights, ``w = d * (q - z)`` with ``z``
+  8 / 16 / 0 (int8 ``q``; stored here as ``q + 128``, ``z = 128``);
+* ``Q4_1`` / ``Q5_1``: 32 weights, ``w = d * q + m``;
+* ``Q4_K`` / ``Q5_K``: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit
+  scales and mins, ``w = (d * sc) * q - dmin * mn``;
+* ``Q6_K``: 16 sub-blocks of 16, int8 scales, ``w = (d * sc) * (q - 32)``;
+* ``Q3_K``: 16 sub-blocks of 16, 6-bit scales, ``w = (d * (sc - 32)) * (q - 4)``;
+* ``Q2_K``: 16 sub-blocks of 16, 4-bit scales and mins,
+  ``w = (d * sc) * q - dmin * mn``.
 
-In the 4-bit layouts byte ``j`` of ``qs`` holds element ``j`` in its low
+In the 32-weight layouts byte ``j`` of ``qs`` holds element ``j`` in its low
 nibble and element ``j + 16`` in its high nibble.
 """
 
@@ -29,19 +36,28 @@ from .._errors import ModelLoadError
 __all__ = [
     "GGUFFile",
     "LlamaHParams",
+    "FLOAT_TYPES",
+    "QUANTIZED_TYPES",
     "QuantizedRows",
     "SUPPORTED_ARCHS",
     "SUPPORTED_WEIGHT_TYPES",
     "open_gguf",
+    "split_blocks",
     "unpermute_rope_rows",
 ]
 
 #: ``general.architecture`` values built as llama graphs.
 SUPPORTED_ARCHS = ("llama",)
 #: GGML tensor types the builder can turn into ONNX initializers.
-SUPPORTED_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+SUPPORTED_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: the quantized ones among them (:meth:`GGUFFile.quantized`)
+QUANTIZED_TYPES = SUPPORTED_WEIGHT_TYPES[3:]
+#: the float ones (:meth:`GGUFFile.float_tensor`)
+FLOAT_TYPES = SUPPORTED_WEIGHT_TYPES[:3]
 
-QK = 32  # weights per block for every supported quantized type
+QK = 32  # weights per block of the legacy types (Q4_0 .. Q8_0)
+QK_K = 256  # weights per super-block of the K-quants
 
 
 @attrs.frozen
@@ -81,20 +97,31 @@ class LlamaHParams:
 
 @attrs.frozen
 class QuantizedRows:
-    """A weight matrix ``(rows, cols)`` split into its quantization parts.
+    """A weight matrix ``(rows, cols)`` split into its quantization parts:
+    unsigned codes ``q``, one float32 scale per sub-block of ``block`` values,
+    and either one integer zero point for the whole type (``w = scale * (q -
+    zero)``) or a float32 bias per sub-block (``w = scale * q + bias``).
 
     Attributes:
-        qtype: ``"Q4_0"``, ``"Q4_1"`` or ``"Q8_0"``.
-        q: unpacked quantized values, ``(rows, cols)`` uint8 for 4-bit types
-            (``0..15``) and int8 for ``Q8_0``.
-        d: block scales ``(rows, cols // 32)`` float32 (exactly the f16 values).
-        m: block minimums ``(rows, cols // 32)`` float32 for ``Q4_1``, else ``None``.
+        qtype: the GGML type name (``"Q4_K"``...).
+        q: ``(rows, cols)`` uint8 codes, ``0 .. 2**bits - 1``.
+        scale: ``(rows, cols // block)`` float32, the file's per-sub-block scale
+            exactly as ``gguf.quants`` computes it (``d``, or ``d * sc`` for
+            K-quants, a float32 product).
+        block: values per sub-block (32, or 16 for Q2_K / Q3_K / Q6_K).
+        bits: ``MatMulNBits`` bit width that holds the codes (4 or 8).
+        zero: the integer zero point of symmetric types, else ``None``.
+        bias: ``(rows, cols // block)`` float32 (``m``, or ``-dmin * m`` for
+            K-quants) for affine types, else ``None``.
     """
 
     qtype: str
     q: np.ndarray
-    d: np.ndarray
-    m: np.ndarray | None
+    scale: np.ndarray
+    block: int
+    bits: int
+    zero: int | None = None
+    bias: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -102,18 +129,30 @@ class QuantizedRows:
 
     def take_rows(self, order: np.ndarray) -> QuantizedRows:
         """Returns the same matrix with its rows reordered by ``order`` (exact)."""
-        return QuantizedRows(self.qtype, self.q[order], self.d[order],
-                             None if self.m is None else self.m[order])
+        return attrs.evolve(self, q=self.q[order], scale=self.scale[order],
+                            bias=None if self.bias is None else self.bias[order])
+
+    @staticmethod
+    def stack(parts: list[QuantizedRows]) -> QuantizedRows:
+        """The matrices' rows one after the other (all of one type and width)."""
+        first = parts[0]
+        if any((p.qtype, p.q.shape[1]) != (first.qtype, first.q.shape[1]) for p in parts):
+            raise ValueError("QuantizedRows.stack: parts differ in type or width")
+        return attrs.evolve(first, q=np.concatenate([p.q for p in parts]),
+                            scale=np.concatenate([p.scale for p in parts]),
+                            bias=None if first.bias is None
+                            else np.concatenate([p.bias for p in parts]))
 
     def dequantize(self) -> np.ndarray:
-        """Float32 ``(rows, cols)`` exactly as GGUF defines it (used by tests)."""
+        """Float32 ``(rows, cols)`` bit for bit as ``gguf.quants.dequantize``."""
         rows, cols = self.q.shape
-        q = self.q.astype(np.float32).reshape(rows, cols // QK, QK)
-        if self.qtype == "Q4_0":
-            q = q - 8
-        w = self.d[:, :, None] * q
-        if self.m is not None:
-            w = w + self.m[:, :, None]
+        nb = cols // self.block
+        sc = self.scale[:, :, None]
+        if self.zero is not None:
+            q = (self.q.astype(np.int16) - self.zero).astype(np.float32)
+            w = sc * q.reshape(rows, nb, self.block)
+        else:
+            w = sc * self.q.astype(np.float32).reshape(rows, nb, self.block) + self.bias[:, :, None]
         return w.reshape(rows, cols)
 
 
@@ -125,7 +164,9 @@ _NP_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<
                10: "<u8", 11: "<i8", 12: "<f8"}
 # ggml tensor types: id -> (name, elements per block, bytes per block)
 _GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-               8: ("Q8_0", 32, 34), 30: ("BF16", 1, 2)}
+               6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
+               10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+               13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 
 
 def _ggml_type_name(type_id: int) -> str:
@@ -358,14 +399,15 @@ class GGUFFile:
         return out.reshape(shape)
 
     def quantized(self, name: str) -> QuantizedRows:
-        """Splits a ``Q4_0`` / ``Q4_1`` / ``Q8_0`` matrix into its parts.
+        """Splits a quantized matrix (any of :data:`QUANTIZED_TYPES`) into its parts.
 
         Raises:
-            ModelLoadError: missing tensor, or a type that is not one of those.
+            ModelLoadError: missing tensor, not a matrix, or a type that is not
+                one of those.
         """
         info = self._tensor(name)
         kind = info.type_name
-        if kind not in ("Q4_0", "Q4_1", "Q8_0"):
+        if kind not in QUANTIZED_TYPES:
             raise ModelLoadError(
                 f"tensor {name!r} has unsupported quantization type {kind} "
                 f"(supported: {', '.join(SUPPORTED_WEIGHT_TYPES)})", model=str(self.path))
@@ -373,18 +415,103 @@ class GGUFFile:
             raise ModelLoadError(f"tensor {name!r} has shape {info.shape}, expected a matrix",
                                  model=str(self.path))
         rows, cols = info.shape
-        blocks = self._raw(info).reshape(rows, cols // QK, -1)
-        if kind in ("Q4_0", "Q4_1"):
-            off = 2 if kind == "Q4_0" else 4
-            d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
-            m = (blocks[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32)
-                 if kind == "Q4_1" else None)
-            qs = blocks[..., off:off + 16]
-            q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
-            return QuantizedRows(kind, q, d, m)
-        d = blocks[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)  # Q8_0
-        q = blocks[..., 2:34].copy().view(np.int8).reshape(rows, cols)
-        return QuantizedRows(kind, q, d, None)
+        _, per_block, block_bytes = _GGML_TYPES[info.type_id]
+        raw = self._raw(info).reshape(rows, cols // per_block, block_bytes)
+        return split_blocks(kind, raw)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """(..., 2) uint8 -> (...) float32 of the little-endian f16 they hold."""
+    return np.ascontiguousarray(b).view("<f2")[..., 0].astype(np.float32)
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K 12-byte packed 6-bit scales and mins -> two (..., 8) uint8."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def split_blocks(kind: str, blocks: np.ndarray) -> QuantizedRows:
+    """Unpacks raw GGML blocks into codes, scales and zero point / bias.
+
+    Args:
+        kind: GGML type name, one of :data:`QUANTIZED_TYPES`.
+        blocks: ``(rows, n_blocks, bytes per block)`` uint8, the file's bytes.
+
+    Returns:
+        The :class:`QuantizedRows` whose :meth:`~QuantizedRows.dequantize`
+        equals ``gguf.quants.dequantize`` of the same bytes bit for bit.
+
+    Raises:
+        ValueError: ``kind`` is not a quantized type handled here.
+    """
+    rows, nb, _ = blocks.shape
+    u8 = np.uint8
+    if kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        d = _f16(blocks[..., 0:2])
+        off = 2 if kind in ("Q4_0", "Q5_0") else 4
+        bias = _f16(blocks[..., 2:4]) if off == 4 else None
+        if kind.startswith("Q5"):
+            qh = np.ascontiguousarray(blocks[..., off:off + 4]).view("<u4")[..., 0]
+            high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(u8) << 4
+            off += 4
+        qs = blocks[..., off:off + 16]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        if kind.startswith("Q5"):
+            q = q | high
+        zero = {"Q4_0": 8, "Q5_0": 16}.get(kind)
+        return QuantizedRows(kind, q.reshape(rows, nb * 32).astype(u8), d, 32,
+                             4 if kind.startswith("Q4") else 8, zero, bias)
+    if kind == "Q8_0":
+        d = _f16(blocks[..., 0:2])
+        q = (np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).astype(np.int16) + 128)
+        return QuantizedRows(kind, q.astype(u8).reshape(rows, nb * 32), d, 32, 8, 128)
+    if kind in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4])
+        sc, mn = _k_scale_min(blocks[..., 4:16])
+        scale = d[..., None] * sc.astype(np.float32)  # (rows, nb, 8)
+        bias = -(dmin[..., None] * mn.astype(np.float32))
+        qs = blocks[..., 16:144] if kind == "Q4_K" else blocks[..., 48:176]
+        qs = qs.reshape(rows, nb, 4, 1, 32) >> np.array([0, 4], u8).reshape(2, 1)
+        q = (qs & 0x0F).reshape(rows, nb, 8, 32)
+        if kind == "Q5_K":
+            qh = blocks[..., 16:48].reshape(rows, nb, 1, 32) >> np.arange(8, dtype=u8).reshape(8, 1)
+            q = q | ((qh & 1) << 4)
+        return QuantizedRows(kind, q.reshape(rows, nb * 256).astype(u8),
+                             scale.reshape(rows, nb * 8), 32, 4 if kind == "Q4_K" else 8,
+                             None, bias.reshape(rows, nb * 8))
+    if kind == "Q6_K":
+        ql, qh = blocks[..., 0:128], blocks[..., 128:192]
+        sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
+        d = _f16(blocks[..., 208:210])
+        ql = (ql.reshape(rows, nb, 2, 1, 64) >> np.array([0, 4], u8).reshape(2, 1)) & 0x0F
+        qh = (qh.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], u8).reshape(4, 1)) & 0x03
+        q = ql.reshape(rows, nb, 8, 32) | (qh.reshape(rows, nb, 8, 32) << 4)
+        return QuantizedRows(kind, q.reshape(rows, nb * 256).astype(u8),
+                             (d[..., None] * sc).reshape(rows, nb * 16), 16, 8, 32)
+    if kind == "Q3_K":
+        hmask, qs, s = blocks[..., 0:32], blocks[..., 32:96], blocks[..., 96:108]
+        d = _f16(blocks[..., 108:110])
+        lo = (s[..., 0:8].reshape(rows, nb, 1, 8) >> np.array([0, 4], u8).reshape(2, 1))
+        hi = (s[..., 8:12].reshape(rows, nb, 1, 4) >> np.array([0, 2, 4, 6], u8).reshape(4, 1))
+        sc = (lo.reshape(rows, nb, 16) & 0x0F) | ((hi.reshape(rows, nb, 16) & 0x03) << 4)
+        sc = (sc.astype(np.int8) - np.int8(32)).astype(np.float32)
+        ql = (qs.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], u8).reshape(4, 1)) & 3
+        qb = (hmask.reshape(rows, nb, 1, 32) >> np.arange(8, dtype=u8).reshape(8, 1)) & 1
+        q = ql.reshape(rows, nb, 8, 32) | (qb.reshape(rows, nb, 8, 32) << 2)  # 0..7, zero 4
+        return QuantizedRows(kind, q.reshape(rows, nb * 256).astype(u8),
+                             (d[..., None] * sc).reshape(rows, nb * 16), 16, 4, 4)
+    if kind == "Q2_K":
+        s, qs = blocks[..., 0:16], blocks[..., 16:80]
+        d, dmin = _f16(blocks[..., 80:82]), _f16(blocks[..., 82:84])
+        scale = d[..., None] * (s & 0x0F).astype(np.float32)
+        bias = -(dmin[..., None] * (s >> 4).astype(np.float32))
+        q = (qs.reshape(rows, nb, 2, 1, 32) >> np.array([0, 2, 4, 6], u8).reshape(4, 1)) & 3
+        return QuantizedRows(kind, q.reshape(rows, nb * 256).astype(u8),
+                             scale.reshape(rows, nb * 16), 16, 4, None, bias.reshape(rows, nb * 16))
+    raise ValueError(f"not a quantized type handled here: {kind}")
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

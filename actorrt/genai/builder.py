@@ -47,9 +47,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .._errors import ModelLoadError
-from ._gguf import QK, GGUFFile, LlamaHParams, QuantizedRows, open_gguf, unpermute_rope_rows
+from ._gguf import (FLOAT_TYPES, QK, QUANTIZED_TYPES, GGUFFile, LlamaHParams, QuantizedRows,
+                    open_gguf, unpermute_rope_rows)
 
-__all__ = ["BUILDER_VERSION", "OPSET", "MS_OPSET", "build_onnx", "io_names"]
+__all__ = ["BUILDER_VERSION", "OPSET", "MS_OPSET", "GraphWriter", "build_onnx", "emit_matmul_nbits",
+           "io_names", "nbits_parts"]
 
 #: Bump when the produced graph changes; cached models are rebuilt on mismatch.
 BUILDER_VERSION = 2
@@ -81,7 +83,7 @@ def io_names(n_layer: int) -> dict[str, Any]:
     }
 
 
-class _Graph:
+class GraphWriter:
     """Accumulates nodes, streams big initializers into one external-data file."""
 
     def __init__(self, data_file: Path):
@@ -137,16 +139,90 @@ class _Graph:
         return outs
 
 
-def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """``(rows, cols)`` values 0..15 -> ``(rows, cols // 32, 16)`` uint8, element
-    ``2i`` in the low nibble of byte ``i`` (MatMulNBits' layout)."""
+def _pack_codes(q: np.ndarray, bits: int, block: int) -> np.ndarray:
+    """``(rows, cols)`` uint8 codes -> ``MatMulNBits``' B: ``(rows, cols // block,
+    block * bits // 8)`` uint8; 4-bit: element ``2i`` in the low nibble of byte ``i``."""
     rows, cols = q.shape
-    q = q.reshape(rows, cols // QK, QK // 2, 2)
+    if bits == 8:
+        return np.ascontiguousarray(q.reshape(rows, cols // block, block), np.uint8)
+    q = q.reshape(rows, cols // block, block // 2, 2)
     return (q[..., 0] | (q[..., 1] << 4)).astype(np.uint8)
 
 
+def nbits_parts(qr: QuantizedRows) -> dict[str, Any]:
+    """``MatMulNBits`` initializers and attributes reproducing ``qr``.
+
+    * symmetric types (``w = scale * (q - z)``: Q4_0, Q5_0, Q8_0, Q3_K, Q6_K):
+      the codes, the scales and packed uint8 zero points ``z`` (exact);
+    * 4-bit affine types (``w = scale * q + bias``: Q4_1, Q4_K, Q2_K): float32
+      zero points ``-bias / scale`` (equal within float32 rounding); a
+      sub-block with ``scale == 0`` becomes ``q = 0, zp = -1, scale = bias``
+      (exact);
+    * 8-bit affine types (Q5_1, Q5_K; onnxruntime's CPU kernel refuses float
+      zero points with 8 bits): uint8 zero point 16 and a correction
+      ``bias + 16 * scale`` per sub-block, returned as ``correction``
+      (``(n_blocks, N)`` float32) for the caller to add as
+      ``sum(x over each sub-block) @ correction``.
+
+    Returns:
+        ``{"B": (N, n_blocks, blob) uint8, "scales": (N * n_blocks,) float32,
+        "zero_points": uint8 or float32, "correction": array or None,
+        "bits", "block_size", "N", "K"}``.
+    """
+    n, k = qr.shape
+    nb = k // qr.block
+    q, scales, correction = qr.q, qr.scale, None
+    zero = qr.zero
+    if zero is None and qr.bits == 8:
+        zero = 16
+        correction = np.ascontiguousarray((qr.bias + np.float32(zero) * scales).T, np.float32)
+    if zero is not None:
+        if qr.bits == 8:
+            zp = np.full(n * nb, zero, np.uint8)
+        else:
+            zp = np.full((n, (nb + 1) // 2), zero | (zero << 4), np.uint8).reshape(-1)
+    else:
+        zero_scale = scales == 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp = np.where(zero_scale, np.float32(-1), -qr.bias / scales).astype(np.float32)
+        scales = np.where(zero_scale, qr.bias, scales).astype(np.float32)
+        if zero_scale.any():
+            q = np.where(np.repeat(zero_scale, qr.block, axis=1), 0, q).astype(np.uint8)
+        zp = zp.reshape(-1)
+    return {"B": _pack_codes(q, qr.bits, qr.block), "scales": scales.reshape(-1).astype(np.float32),
+            "zero_points": zp, "correction": correction, "bits": qr.bits,
+            "block_size": qr.block, "N": n, "K": k}
+
+
+def emit_matmul_nbits(g: GraphWriter, x: str, key: str, qr: QuantizedRows, out: str | None,
+                      accuracy_level: int) -> str:
+    """Adds ``x @ dequantize(qr).T`` to ``g``: one ``MatMulNBits`` node (see
+    :func:`nbits_parts`), plus, for 8-bit affine types, ``Reshape`` ->
+    ``ReduceSum`` (the sub-block sums of ``x``) -> ``MatMul`` (correction)
+    -> ``Add``. ``x``: float32 ``(..., K)``; returns the ``(..., N)`` output name."""
+    parts = nbits_parts(qr)
+    b = g.const(key + ".qweight", parts["B"])
+    s = g.const(key + ".scales", parts["scales"])
+    z = g.const(key + ".qzeros", parts["zero_points"])
+    corr = parts["correction"]
+    y = g.node("MatMulNBits", [x, b, s, z], domain=MS, name=key + "/MatMulNBits",
+               outputs=[out] if out and corr is None else None, K=parts["K"], N=parts["N"],
+               bits=parts["bits"], block_size=parts["block_size"],
+               accuracy_level=accuracy_level)[0]
+    if corr is None:
+        return y
+    k, blk = parts["K"], parts["block_size"]
+    shape = g.const(key + ".block_shape", np.array([0, 0, k // blk, blk], np.int64))
+    xb = g.node("Reshape", [x, shape], name=key + "/blocks")[0]
+    axis = g.const(key + ".axis_last", np.array([-1], np.int64))
+    xs = g.node("ReduceSum", [xb, axis], name=key + "/block_sums", keepdims=0)[0]
+    c = g.node("MatMul", [xs, g.const(key + ".correction", corr)], name=key + "/correction")[0]
+    return g.node("Add", [y, c], name=key + "/add_correction",
+                  outputs=[out] if out else None)[0]
+
+
 class _LlamaBuilder:
-    def __init__(self, gguf: GGUFFile, hp: LlamaHParams, g: _Graph, max_position: int,
+    def __init__(self, gguf: GGUFFile, hp: LlamaHParams, g: GraphWriter, max_position: int,
                  accuracy_level: int):
         self.gguf = gguf
         self.hp = hp
@@ -163,48 +239,20 @@ class _LlamaBuilder:
                                  model=str(self.gguf.path))
 
     def _matmul_nbits(self, x: str, key: str, qr: QuantizedRows, out: str | None) -> str:
-        n, k = qr.shape
-        nb = k // QK
-        if qr.qtype == "Q4_1":
-            d, m, q = qr.d, qr.m, qr.q
-            assert m is not None
-            zero = d == 0
-            with np.errstate(divide="ignore", invalid="ignore"):
-                zp = np.where(zero, np.float32(-1), -m / d).astype(np.float32)
-            scales = np.where(zero, m, d).astype(np.float32)
-            if zero.any():
-                q = np.where(np.repeat(zero, QK, axis=1), 0, q).astype(np.uint8)
-            b = self.g.const(key + ".qweight", _pack_nibbles(q))
-            s = self.g.const(key + ".scales", scales.reshape(-1))
-            z = self.g.const(key + ".qzeros", zp.reshape(-1))
-            bits = 4
-        elif qr.qtype == "Q4_0":
-            b = self.g.const(key + ".qweight", _pack_nibbles(qr.q))
-            s = self.g.const(key + ".scales", qr.d.reshape(-1))
-            z = self.g.const(key + ".qzeros", np.full(n * ((nb + 1) // 2), 0x88, np.uint8))
-            bits = 4
-        elif qr.qtype == "Q8_0":
-            b, s, z = self._q8_blocks(key, qr)
-            bits = 8
-        else:  # pragma: no cover - QuantizedRows only holds the types above
-            raise AssertionError(qr.qtype)
-        return self.g.node("MatMulNBits", [x, b, s, z], domain=MS, name=key + "/MatMulNBits",
-                           outputs=[out] if out else None, K=k, N=n, bits=bits,
-                           block_size=QK, accuracy_level=self.accuracy_level)[0]
+        return emit_matmul_nbits(self.g, x, key, qr, out, self.accuracy_level)
 
     def _q8_blocks(self, key: str, qr: QuantizedRows) -> tuple[str, str, str]:
-        n, k = qr.shape
-        u8 = (qr.q.astype(np.int16) + 128).astype(np.uint8).reshape(n, k // QK, QK)
-        return (self.g.const(key + ".qweight", u8),
-                self.g.const(key + ".scales", qr.d.reshape(-1)),
-                self.g.const(key + ".qzeros", np.full(n * (k // QK), 128, np.uint8)))
+        parts = nbits_parts(qr)
+        return (self.g.const(key + ".qweight", parts["B"]),
+                self.g.const(key + ".scales", parts["scales"]),
+                self.g.const(key + ".qzeros", parts["zero_points"]))
 
     def linear(self, x: str, tensor: str, key: str, shape: tuple[int, int],
                row_order: np.ndarray | None = None, out: str | None = None) -> str:
         """``x @ W.T`` for GGUF matrix ``tensor`` of numpy shape ``(out, in)``."""
         self._check_shape(tensor, shape)
         kind = self.gguf.tensor_type(tensor)
-        if kind in ("F32", "F16", "BF16"):
+        if kind in FLOAT_TYPES:
             w = self.gguf.float_tensor(tensor)
             if row_order is not None:
                 w = w[row_order]
@@ -230,16 +278,13 @@ class _LlamaBuilder:
                  (blk + "attn_k.weight", pre + ".attn.k_proj", (kv, hp.hidden), k_order),
                  (blk + "attn_v.weight", pre + ".attn.v_proj", (kv, hp.hidden), None)]
         kinds = {self.gguf.tensor_type(t) for t, _, _, _ in specs}
-        if len(kinds) == 1 and kinds <= {"Q4_0", "Q4_1", "Q8_0"}:
+        if len(kinds) == 1 and kinds <= set(QUANTIZED_TYPES):
             parts = []
             for tensor, _, shape, order in specs:
                 self._check_shape(tensor, shape)
                 qr = self.gguf.quantized(tensor)
                 parts.append(qr if order is None else qr.take_rows(order))
-            stacked = QuantizedRows(
-                parts[0].qtype, np.concatenate([p.q for p in parts]),
-                np.concatenate([p.d for p in parts]),
-                None if parts[0].m is None else np.concatenate([p.m for p in parts]))
+            stacked = QuantizedRows.stack(parts)
             return [self._matmul_nbits(h, pre + ".attn.qkv_proj", stacked, None), "", ""]
         return [self.linear(h, tensor, key, shape, order) for tensor, key, shape, order in specs]
 
@@ -273,7 +318,7 @@ class _LlamaBuilder:
             shape = g.const("const.embed_shape", np.array([0, 0, hp.hidden]))
             return g.node("Reshape", [rows, shape], name="embed/reshape")[0]
         kind = self.gguf.tensor_type(name)
-        table = (self.gguf.float_tensor(name) if kind in ("F32", "F16", "BF16")
+        table = (self.gguf.float_tensor(name) if kind in FLOAT_TYPES
                  else self.gguf.quantized(name).dequantize())
         w = g.const("model.embed_tokens.weight", table.astype(np.float32))
         return g.node("Gather", [w, ids], name="embed/gather")[0]
@@ -410,7 +455,7 @@ def build_onnx(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = T
     hp = gguf.hparams()
     out = Path(out_dir)
     data_file = out / "model.onnx.data"
-    g = _Graph(data_file)
+    g = GraphWriter(data_file)
     try:
         with tqdm(total=hp.n_layer + 2, desc=f"building {hp.name} ONNX",
                   unit="step", disable=not progress) as bar:

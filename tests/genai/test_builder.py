@@ -150,6 +150,10 @@ def write_tiny_gguf(path: Path, *, qtype: str = "Q4_1", embed: str = "Q8_0", tie
         if kind == "F16":
             w.add_tensor(name, arr.astype(np.float16))
             return
+        if kind == "BF16":
+            raw = quantize(arr, Q.BF16)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=Q.BF16)
+            return
         raw = quantize(arr, Q[kind])
         if zero_scale_block and kind == "Q4_1":  # first block: d = 0, m = 0.25
             raw[0, 0:2] = np.array([0], np.float16).view(np.uint8)
@@ -185,6 +189,8 @@ VARIANTS = {
     "q4_0-untied": dict(qtype="Q4_0", embed="Q8_0", tied=False),
     "q8_0-tied-q4_1": dict(qtype="Q8_0", embed="Q4_1", tied=True),
     "f32-f16": dict(qtype="F32", embed="F16", tied=True),
+    "q5_0-tied-q5_1": dict(qtype="Q5_0", embed="Q5_1", tied=True),
+    "q5_1-untied-bf16": dict(qtype="Q5_1", embed="BF16", tied=False),
 }
 
 
@@ -299,7 +305,7 @@ def test_prepare_model_honours_actorrt_home(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(arch="gpt2"), "unsupported GGUF architecture 'gpt2'"),
-    (dict(qtype="Q5_0"), "unsupported quantization type Q5_0"),
+    (dict(qtype="MXFP4"), "unsupported quantization type MXFP4"),
 ])
 def test_prepare_model_rejects_unsupported_models(tmp_path, kwargs, match):
     src = write_tiny_gguf(tmp_path / "bad.gguf", **kwargs)

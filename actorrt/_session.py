@@ -96,7 +96,7 @@ class SessionOptions:
             on by default when ``memory_limit`` is set.
         fuse_kernels: let providers replace known subgraphs with fused
             kernels (the CPU provider: one kernel per LLM decoder block, see
-            ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
+            ``actorrt.providers.cpu.llm._fusion``), as onnxruntime's graph
             optimizations do; same results, fewer dispatches.
         output_views: return outputs as the kernels made them: zero-copy, but
             an output may be a view of a feed (``Identity``, ``Reshape``,

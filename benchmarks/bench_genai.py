@@ -90,7 +90,7 @@ def int8_packed_bytes(path) -> int:
     """Bytes of the prepacked MatMulNBits arrays of a session on ``path``
     (fused decoder blocks and stacks included), each array counted once."""
     import actorrt
-    from actorrt.providers.cpu._contrib_quant import MatMulNBits
+    from actorrt.providers.cpu.llm._contrib_quant import MatMulNBits
     seen: dict[int, int] = {}
     with actorrt.InferenceSession(path) as sess:
         steps = list(sess._session.plan.steps)
@@ -156,7 +156,7 @@ def main() -> None:
                     help="Python interpreter with llama-cpp-python for the llama.cpp peer "
                          "(default: this one)")
     args = ap.parse_args()
-    from actorrt.providers.cpu import _contrib_numba
+    from actorrt.providers.cpu.llm import _contrib_numba
     threads = _contrib_numba.set_num_threads(2)  # the issue's setting; ORT gets 2 too
     folder = prepare_model("smollm2")
     levels = [int(x) for x in args.concurrency.split(",")]

@@ -196,7 +196,7 @@ def bench_decode_main(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print(f"error: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
         return 2
-    from ..providers.cpu import _contrib_numba
+    from ..providers.cpu.llm import _contrib_numba
 
     threads = _contrib_numba.set_num_threads(getattr(args, "threads", 2))
 

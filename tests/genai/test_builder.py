@@ -434,7 +434,7 @@ def test_accuracy_level_4_graph_matches_onnxruntime_int8(tmp_path):
     """Q4_0 and Q8_0 weights have uint8 zero points, so onnxruntime quantizes
     A to int8 in every MatMulNBits at level 4: a whole-model peer check of the
     int8 kernels (prefill and decode steps)."""
-    from actorrt.providers.cpu import _contrib_int8
+    from actorrt.providers.cpu.llm import _contrib_int8
     if not _contrib_int8.HAVE_INT8_DOT:
         pytest.skip("needs numba and an AVX2 CPU")
     import actorrt

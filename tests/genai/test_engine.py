@@ -409,7 +409,7 @@ def test_accuracy_level_4_keeps_perplexity_and_next_tokens(model_dir):
     moves the figure by about 1 % on these 81 tokens.)"""
     from actorrt.genai.models import load_genai_config, model_file
     from actorrt.genai.tokenizer import load_tokenizer
-    from actorrt.providers.cpu import _contrib_int8
+    from actorrt.providers.cpu.llm import _contrib_int8
     if not _contrib_int8.HAVE_INT8_DOT:
         pytest.skip("needs numba and an AVX2 CPU")
     cfg = load_genai_config(model_dir)

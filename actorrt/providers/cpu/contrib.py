@@ -14,7 +14,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from . import _contrib_numba as _nb
+from .llm import _contrib_numba as _nb
 from .registry import cpu_kernel
 
 MS = "com.microsoft"
@@ -233,5 +233,5 @@ def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *, interleaved=0,
     return y.reshape(input.shape).astype(input.dtype, copy=False)
 
 
-from ._contrib_gqa import GroupQueryAttention  # noqa: E402,F401  (registers itself)
-from ._contrib_quant import GatherBlockQuantized, MatMulNBits  # noqa: E402,F401
+from .llm._contrib_gqa import GroupQueryAttention  # noqa: E402,F401  (registers itself)
+from .llm._contrib_quant import GatherBlockQuantized, MatMulNBits  # noqa: E402,F401

@@ -36,11 +36,11 @@ class CPUExecutionProvider(ExecutionProvider):
                          memory_limit=memory_limit, profile=CPU_PROFILE)
 
     def fuse_steps(self, steps, protected, consts, make_step):
-        """Fuse LLM decoder blocks (:mod:`._fusion`) among this provider's
+        """Fuse LLM decoder blocks (:mod:`.llm._fusion`) among this provider's
         steps, then runs of consecutive int8 blocks into stacks (with the LM
-        head that follows them), and the graph's input prologue (:mod:`._prologue`: attention-mask lengths,
+        head that follows them), and the graph's input prologue (:mod:`.llm._prologue`: attention-mask lengths,
         block-quantized embedding)."""
-        from . import _fusion, _prologue
+        from .llm import _fusion, _prologue
         mine = [st for st in steps if st.provider is self]
         if len(mine) < 8:
             return steps, []

@@ -39,7 +39,7 @@ def test_gelu_tails():
 @pytest.mark.parametrize("path", ["numba", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_skip_simplified_layer_norm(dtype, path, monkeypatch):
-    from actorrt.providers.cpu import _contrib_numba as nbk
+    from actorrt.providers.cpu.llm import _contrib_numba as nbk
     if path == "numba" and not nbk.HAVE_NUMBA:
         pytest.skip("numba not installed")
     if path == "numpy":

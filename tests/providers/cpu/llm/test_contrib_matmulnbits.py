@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from actorrt.providers.cpu import _contrib_numba as nbk
-from actorrt.providers.cpu import _contrib_quant as cq
+from actorrt.providers.cpu.llm import _contrib_numba as nbk
+from actorrt.providers.cpu.llm import _contrib_quant as cq
 from tests.oracle import assert_close, run_actorrt, run_onnxruntime
 
 

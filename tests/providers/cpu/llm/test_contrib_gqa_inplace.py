@@ -5,7 +5,7 @@ import numpy as np
 
 import actorrt
 from tests.oracle import assert_close, run_onnxruntime
-from tests.providers.cpu.test_contrib_gqa import case, gqa_model
+from tests.providers.cpu.llm.test_contrib_gqa import case, gqa_model
 
 
 def _feeds():

@@ -22,11 +22,11 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ... import tracing
+from .... import tracing
 
-from .._contract import Kernel, NodeSpec, deny, require
+from ..._contract import Kernel, NodeSpec, deny, require
 from . import _contrib_numba as _nb
-from .registry import cpu_kernel
+from ..registry import cpu_kernel
 
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 

@@ -1,4 +1,4 @@
-"""Input-prologue fusions (actorrt.providers.cpu._prologue): attention-mask
+"""Input-prologue fusions (actorrt.providers.cpu.llm._prologue): attention-mask
 lengths and the block-quantized embedding.
 
 Oracles: the ONNX reference evaluator on the same graph, and the same graph
@@ -16,7 +16,7 @@ from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
 from actorrt import InvalidArgumentError, KernelError, SessionOptions, open_session
-from actorrt.providers.cpu import _prologue
+from actorrt.providers.cpu.llm import _prologue
 
 V, NB, BS, HIDDEN = 40, 3, 8, 24
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..._errors import ActorRTError, KernelError
-from .._contract import NodeSpec
+from ...._errors import ActorRTError, KernelError
+from ..._contract import NodeSpec
 
 __all__ = ["StepGraph", "slot_names", "run_original", "replace_groups"]
 

@@ -36,8 +36,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ... import tracing
-from .._contract import Kernel, NodeSpec
+from .... import tracing
+from ..._contract import Kernel, NodeSpec
 from . import _contrib_numba as _nb
 from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
 

@@ -10,11 +10,11 @@ arithmetic: A quantized per 32-value block to ``round_half_even(a / s)``,
 import numpy as np
 import pytest
 
-from actorrt.providers.cpu import _contrib_int8 as ci
-from actorrt.providers.cpu import _contrib_numba as nbk
-from actorrt.providers.cpu import _contrib_quant as cq
+from actorrt.providers.cpu.llm import _contrib_int8 as ci
+from actorrt.providers.cpu.llm import _contrib_numba as nbk
+from actorrt.providers.cpu.llm import _contrib_quant as cq
 from tests.oracle import run_actorrt, run_onnxruntime
-from tests.providers.cpu.test_contrib_matmulnbits import mnb_model, quantized
+from tests.providers.cpu.llm.test_contrib_matmulnbits import mnb_model, quantized
 
 needs_int8 = pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 
@@ -327,7 +327,7 @@ def test_non_finite_and_tiny_activations():
 
 TIE_SCRIPT = """
 import numpy as np
-from actorrt.providers.cpu import _contrib_int8 as ci
+from actorrt.providers.cpu.llm import _contrib_int8 as ci
 a = np.zeros((1, 32), np.float32)
 a[0, 3], a[0, 26] = np.float32(2.1359084), np.float32(1.4884087)
 w = np.zeros((4, 16), np.uint8)

@@ -1,4 +1,4 @@
-"""Decoder-block fusion (actorrt.providers.cpu._fusion).
+"""Decoder-block fusion (actorrt.providers.cpu.llm._fusion).
 
 Oracles: the same graph run node by node (``fuse_kernels=False``: the
 original kernels, themselves checked against onnxruntime elsewhere) and
@@ -23,9 +23,9 @@ ort = pytest.importorskip("onnxruntime")
 from actorrt import KernelError, SessionOptions, open_session  # noqa: E402
 from actorrt.genai import models as models_mod  # noqa: E402
 from actorrt.genai.models import load_genai_config, prepare_model  # noqa: E402
-from actorrt.providers.cpu import _contrib_int8 as ci  # noqa: E402
-from actorrt.providers.cpu import _contrib_numba as nbk  # noqa: E402
-from actorrt.providers.cpu import _fusion  # noqa: E402
+from actorrt.providers.cpu.llm import _contrib_int8 as ci  # noqa: E402
+from actorrt.providers.cpu.llm import _contrib_numba as nbk  # noqa: E402
+from actorrt.providers.cpu.llm import _fusion  # noqa: E402
 from tests.genai.test_builder import write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the fused kernels need numba")

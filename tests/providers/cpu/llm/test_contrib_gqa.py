@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from actorrt.providers.cpu import _contrib_numba as nbk
+from actorrt.providers.cpu.llm import _contrib_numba as nbk
 from tests.oracle import assert_close, run_actorrt, run_onnxruntime
 
 NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
@@ -207,7 +207,7 @@ def test_compiled_closure_equals_run(kernel_path, b, s, past, seqlens, total, pa
     """compile()'s hot-path closure (numba path) gives run()'s outputs bit for
     bit, in place on a donated buffer as run() does; the numpy path keeps run."""
     from actorrt.providers import NodeSpec
-    from actorrt.providers.cpu._contrib_gqa import GroupQueryAttention
+    from actorrt.providers.cpu.llm._contrib_gqa import GroupQueryAttention
     feeds = case(np.random.default_rng(b * 10 + s), b=b, s=s, past=past, seqlens=seqlens,
                  total=total, rotary=True, packed=packed)
     node = NodeSpec(name="g", op_type="GroupQueryAttention", domain="com.microsoft", opset=1,

@@ -25,11 +25,11 @@ import attrs
 import ml_dtypes
 import numpy as np
 
-from .._contract import Kernel, NodeSpec, deny, require
-from ... import tracing
+from ..._contract import Kernel, NodeSpec, deny, require
+from .... import tracing
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
-from .registry import cpu_kernel
+from ..registry import cpu_kernel
 
 MS = "com.microsoft"
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

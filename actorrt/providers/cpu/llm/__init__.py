@@ -1,0 +1,24 @@
+"""The CPU provider's LLM fast path: the quantized contrib kernels an LLM
+decode graph runs and the plan fusions that turn its decoder blocks into
+compiled kernels.
+
+Map (every module is private to this package and the CPU provider):
+
+* :mod:`._contrib_quant` -- com.microsoft MatMulNBits and GatherBlockQuantized
+  (registered on the CPU kernel registry when :mod:`..contrib` imports them).
+* :mod:`._contrib_int8` -- MatMulNBits with int8 activations
+  (``accuracy_level=4``): per-32-value activation quantization and the integer
+  block dot-product kernels.
+* :mod:`._contrib_numba` -- numba kernels of MatMulNBits (float activations),
+  GroupQueryAttention, RMS norm, rotary embedding; thread-count control.
+* :mod:`._contrib_gqa` -- com.microsoft GroupQueryAttention (registered via
+  :mod:`..contrib`).
+* :mod:`._fused` -- what the fusions share: the step graph, slot names,
+  running the original kernels on a fallback.
+* :mod:`._fusion` -- decoder-block fusion and the fused decoder stack.
+* :mod:`._prologue` -- input-prologue fusions (mask lengths, quantized
+  embedding gather).
+
+Nothing is imported here: the kernels register when :mod:`..contrib` imports
+them (the CPU provider's package imports every public op module).
+"""

@@ -22,6 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from ._errors import ModelLoadError
+from ._loading.graph import check_graph_protos, run_onnx_checker
 from ._loading.tensors import anchor_external_tensors, check_tensor_protos
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
@@ -80,18 +81,32 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
             engine resolves shapes at run time).
 
     Raises:
-        ModelLoadError: unreadable or malformed model, missing or escaping
-            external data, or a graph onnx-ir cannot represent.
+        ModelLoadError: unreadable or malformed model; a tensor whose data is
+            short, or external, escaping, missing or truncated; an invalid
+            graph (:mod:`actorrt._loading.graph`: undefined values, values
+            assigned twice, control-flow bodies that do not bind, what onnx's
+            checker refuses); or a graph onnx-ir cannot represent.
     """
     if isinstance(model, ir.Model):
         name = model.graph.name or "<onnx_ir.Model>"
         m = model
         base_dir = None
+        anchor_external_tensors(m, None, name)
+        try:
+            proto = ir.serde.serialize_model(m)  # external tensors stay references
+        except Exception as e:
+            raise ModelLoadError(f"cannot serialize the onnx_ir model: {e}", model=name) from e
+        check_graph_protos(proto, name)
+        run_onnx_checker(proto, proto, name)
     else:
         proto, name, base_dir = _proto_from(model)
         if not proto.HasField("graph"):
             raise ModelLoadError("the model has no graph", model=name)
         check_tensor_protos(proto, base_dir, name)
+        check_graph_protos(proto, name)
+        source = (str(model) if isinstance(model, (str, os.PathLike))
+                  else model if isinstance(model, (bytes, onnx.ModelProto)) else bytes(model))
+        run_onnx_checker(source, proto, name)
         try:
             m = ir.serde.deserialize_model(proto)
         except Exception as e:
@@ -106,6 +121,7 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
     except Exception as e:
         raise ModelLoadError(f"graph passes failed: {e}", model=name) from e
     anchor_external_tensors(m, base_dir, name)  # tensors the passes copied
+    _import_microsoft_domain(m)
     if infer_shapes:
         try:
             m = common_passes.ShapeInferencePass(strict_mode=False)(m).model
@@ -114,3 +130,11 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
             pass
     return LoadedModel(m, name, base_dir)
 
+
+def _import_microsoft_domain(m: ir.Model) -> None:
+    """Import com.microsoft at version 1 when nodes use it without an import,
+    as onnxruntime does (the checker's finding is tolerated for it)."""
+    if "com.microsoft" in m.opset_imports:
+        return
+    if any(n.domain == "com.microsoft" for n in ir.traversal.RecursiveGraphIterator(m.graph)):
+        m.opset_imports["com.microsoft"] = 1

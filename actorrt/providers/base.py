@@ -491,6 +491,11 @@ class _Worker(Actor):
         super().__init__(name, mailbox=mailbox)
         self.provider = provider
 
+    def withdrawable(self, message: Any) -> bool:
+        """A segment whose asker was cancelled before a worker took it is
+        dropped (its run is over)."""
+        return isinstance(message, (RunSegment, RunLoop))
+
     async def handle(self, message: Any) -> Any:
         state = getattr(message, "state", None)
         if state is not None and not state.begin():

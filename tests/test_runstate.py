@@ -202,10 +202,44 @@ def test_control_flow_and_unknown_costs_never_run_on_the_event_loop():
         (seg,) = segments(model)
         assert seg.iterates and seg.unbounded and seg.cost_us == float("inf")
     from tests.models import add_chain, two_branch
-    # symbolic dims: the estimate (a dim counted as 1) says nothing
-    assert all(seg.unbounded and not seg.iterates for seg in segments(two_branch()))
+    # symbolic dims: the plan-time estimate (a dim counted as 1) says nothing
+    (seg,) = segments(two_branch())
+    assert seg.unbounded and not seg.iterates and seg.cost_us == float("inf")
+    # ... but this run's input sizes bound it
+    small, big = [0] * 64, [0] * 64
+    small[seg.dim_refs[0][0]] = np.ones((4, 3), np.float32)
+    big[seg.dim_refs[0][0]] = np.ones((10**6, 3), np.float32)
+    assert seg.runtime_cost_us(small) < 100 <= seg.runtime_cost_us(big)
+    assert seg.runtime_cost_us(big) >= 10**6 * seg.base_cost_us
+    # sizes the inputs do not give (data-dependent): unknown at run time too
+    g = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]),
+         helper.make_node("Cast", ["nz"], ["y"], to=TP.FLOAT)], "nz",
+        [helper.make_tensor_value_info("x", TP.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    (seg,) = segments(helper.make_model(g, opset_imports=OPSET))
+    assert seg.unbounded and seg.runtime_cost_us([np.ones(4, np.float32)] * 8) == float("inf")
     # static and small: cheap, may run inline
     assert not any(seg.unbounded for seg in segments(add_chain(3)))
+
+
+async def test_a_big_run_of_a_symbolic_dim_model_runs_in_a_thread():
+    from tests.models import two_branch
+    async with actorrt.open_session(two_branch()) as s:
+        where = []
+        run_segment = s.plan.run_segment
+
+        def spy(seg, env):
+            where.append(threading.get_ident())
+            return run_segment(seg, env)
+
+        s.plan.run_segment = spy
+        loop_thread = threading.get_ident()
+        await s.run(None, {"x": np.ones((2, 3), np.float32)})
+        assert where == [loop_thread]  # cheap for these sizes: inline
+        (y,) = await s.run(None, {"x": np.ones((300_000, 3), np.float32)})
+        assert where[1] != loop_thread
+        np.testing.assert_allclose(y[:2], np.float32([[2, 0, 0.5]] * 2))
 
 
 async def test_huge_loop_is_cancelled_within_a_second_while_others_tick():

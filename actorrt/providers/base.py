@@ -509,7 +509,10 @@ class _Worker(Actor):
             seg = message.segment
             plan = message.plan
             self.provider._segments_run += 1
-            if seg.cost_us < self.provider.inline_threshold_us:
+            cost = seg.cost_us
+            if cost == math.inf and seg.dim_refs is not None:
+                cost = seg.runtime_cost_us(message.env)  # sizes known now
+            if cost < self.provider.inline_threshold_us:
                 with running(state):
                     self.provider.run_segment(plan, seg, message.env)
             else:

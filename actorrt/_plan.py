@@ -119,6 +119,27 @@ class Segment:
     #: trip count says, so it runs in a thread outside the worker pool and
     #: stops between body calls when its run is cancelled
     iterates: bool = False
+    #: the summed estimate with each symbolic dim counted as 1 (µs)
+    base_cost_us: float = 0.0
+    #: for an unbounded segment whose sizes all come from graph-input dims:
+    #: how to bound its cost at run time (see :meth:`runtime_cost_us`)
+    dim_refs: tuple | None = None
+
+    def runtime_cost_us(self, env: list) -> float:
+        """An upper bound of the segment's cost (µs) for this run's input
+        sizes: :attr:`cost_us` when known at plan time, else from
+        :attr:`dim_refs` (infinite when the graph inputs do not give the
+        sizes)."""
+        cost = self.cost_us
+        if cost != math.inf or self.dim_refs is None:
+            return cost
+        scale = 1.0
+        try:
+            for slot, axis, exp in self.dim_refs:
+                scale *= float(env[slot].shape[axis]) ** exp
+        except (AttributeError, IndexError, TypeError):
+            return math.inf
+        return self.base_cost_us * scale
     source: str = ""
     line_map: dict[int, Step] = attrs.Factory(dict)
 
@@ -867,11 +888,21 @@ class _Compiler:
         for s in steps:
             segs[seg_of[s.index]].append(s)
         # build Segment objects
+        sym_at: dict[str, tuple[int, int]] = {}  # symbolic dim -> (graph input slot, axis)
+        for spec in plan.inputs:
+            t = spec.type
+            if t is not None and t.kind == "tensor" and t.shape is not None:
+                for ax, d in enumerate(t.shape):
+                    if isinstance(d, str) and d:
+                        sym_at.setdefault(d, (spec.slot, ax))
         for i, ss in enumerate(segs):
             seg = Segment(i, ss[0].provider, ss)
             seg.unbounded = any(_cost_unbounded(st) for st in ss)
             seg.iterates = any(_control_flow(st) for st in ss)
-            seg.cost_us = math.inf if seg.unbounded else sum(st.cost.total_us for st in ss)
+            seg.base_cost_us = sum(st.cost.total_us for st in ss)
+            seg.cost_us = math.inf if seg.unbounded else seg.base_cost_us
+            if seg.unbounded and not seg.iterates:
+                seg.dim_refs = _dim_refs(ss, sym_at)
             plan.segments.append(seg)
         for s in steps:
             for d in step_deps[s.index]:
@@ -943,6 +974,43 @@ def _cost_unbounded(st: Step) -> bool:
             if n and not _static(t):
                 return True
     return False
+
+
+def _dim_refs(steps: list[Step], sym_at: dict[str, tuple[int, int]]
+              ) -> tuple[tuple[int, int, int], ...] | None:
+    """How a segment whose shapes hold symbolic dims can be costed at run
+    time: ``((graph input slot, axis, exponent), ...)`` such that the
+    segment's estimate (each symbolic dim counted as 1) times the product of
+    ``env[slot].shape[axis] ** exponent`` bounds its cost. A step's work is
+    at most the product of its index dims (a MatMul's flops: ``M*K*N``;
+    bytes grow with each operand's size), each of which is a dim of some
+    operand: the exponent is the most times the symbol occurs in one operand's
+    shape (``(B, S, S)`` scores: 2 for ``S``). ``None`` when some size is not
+    given by the graph inputs (unknown dims or ranks, data-dependent
+    outputs)."""
+    exps: dict[str, int] = {}
+    for st in steps:
+        k = st.kernel
+        if k is not None and k.kernel_sized_outputs:
+            return None
+        node = st.node
+        for names, types in ((node.inputs, node.input_types),
+                             (node.outputs, node.output_types)):
+            for n, t in zip(names, types):
+                if not n:
+                    continue
+                if t is None or t.kind != "tensor" or t.shape is None:
+                    return None
+                counts: dict[str, int] = {}
+                for d in t.shape:
+                    if isinstance(d, int) and d >= 0:
+                        continue
+                    if not isinstance(d, str) or d not in sym_at:
+                        return None
+                    counts[d] = counts.get(d, 0) + 1
+                for d, c in counts.items():
+                    exps[d] = max(exps.get(d, 0), c)
+    return tuple((*sym_at[d], e) for d, e in sorted(exps.items()))
 
 
 def _quotient(seg_of: list[int], step_deps: list[set[int]]) -> dict[int, set[int]]:

@@ -208,6 +208,7 @@ class ActorRef:
             Exception: whatever the handler raised for this message.
         """
         self._check()
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller sends nothing
         reply = _Reply()
         try:
             self._actor._send.send_nowait((message, reply))

@@ -496,6 +496,11 @@ class _Worker(Actor):
         super().__init__(name, mailbox=mailbox)
         self.provider = provider
 
+    def withdrawable(self, message: Any) -> bool:
+        """A segment whose asker was cancelled before a worker took it is
+        dropped (its run is over)."""
+        return isinstance(message, (RunSegment, RunLoop))
+
     async def handle(self, message: Any) -> Any:
         state = getattr(message, "state", None)
         if state is not None and not state.begin():
@@ -509,7 +514,10 @@ class _Worker(Actor):
             seg = message.segment
             plan = message.plan
             self.provider._segments_run += 1
-            if seg.cost_us < self.provider.inline_threshold_us:
+            cost = seg.cost_us
+            if cost == math.inf and seg.dim_refs is not None:
+                cost = seg.runtime_cost_us(message.env)  # sizes known now
+            if cost < self.provider.inline_threshold_us:
                 with running(state):
                     self.provider.run_segment(plan, seg, message.env)
             else:

@@ -37,9 +37,112 @@ def _random_feed(arg, rng: np.random.Generator, dims: dict[str, int]) -> np.ndar
     return np.zeros(shape, dt)
 
 
+class UsageError(Exception):
+    """A command-line argument is wrong: reported as one ``error:`` line, exit 2."""
+
+
+def _parse_dims(items: Sequence[str]) -> dict[str, int]:
+    """``--dim SYMBOL=N`` values as {symbol: N}.
+
+    Raises:
+        UsageError: no ``=``, an empty symbol, or N not an integer >= 0.
+    """
+    dims: dict[str, int] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--dim {item!r}: expected SYMBOL=N, e.g. --dim batch=2")
+        try:
+            n = int(value)
+        except ValueError:
+            raise UsageError(f"--dim {item!r}: {value!r} is not an integer") from None
+        if n < 0:
+            raise UsageError(f"--dim {item!r}: a dimension must be >= 0")
+        dims[name] = n
+    return dims
+
+
+def _load_inputs(items: Sequence[str]) -> dict[str, np.ndarray]:
+    """``--input NAME=FILE.npy`` values as {name: array}, read before the model loads.
+
+    Raises:
+        UsageError: no ``=``, an empty name, a name given twice, a missing or
+            unreadable file, or a file that is not one ``.npy`` array.
+    """
+    feeds: dict[str, np.ndarray] = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise UsageError(f"--input {item!r}: expected NAME=FILE.npy")
+        if name in feeds:
+            raise UsageError(f"--input {name!r} is given twice")
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+            if magic != b"\x93NUMPY" and not magic.startswith(b"PK"):
+                raise UsageError(f"--input {name}: {path} is not a .npy file (no NumPy "
+                                 f"header; save arrays with numpy.save)")
+            arr = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise UsageError(f"--input {name}: no such file: {path}") from None
+        except IsADirectoryError:
+            raise UsageError(f"--input {name}: {path} is a directory, not a .npy file") from None
+        except (OSError, ValueError, EOFError) as exc:
+            raise UsageError(f"--input {name}: {path} is not a readable .npy array "
+                             f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(arr, np.ndarray):  # an .npz archive
+            arr.close()
+            raise UsageError(f"--input {name}: {path} is an .npz archive; give one .npy array")
+        feeds[name] = arr
+    return feeds
+
+
+def _check_trace_path(path: str) -> None:
+    """Raises UsageError unless a trace file can be written at ``path``."""
+    import os
+
+    p = os.path.abspath(path)
+    parent = os.path.dirname(p)
+    if os.path.isdir(p):
+        raise UsageError(f"--trace {path}: is a directory")
+    if not os.path.isdir(parent):
+        raise UsageError(f"--trace {path}: no such directory: {parent}")
+    if not os.access(p if os.path.exists(p) else parent, os.W_OK):
+        raise UsageError(f"--trace {path}: not writable")
+
+
+def _check_run_args(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """Every ``actorrt run`` argument, checked before the model is loaded.
+
+    Raises:
+        UsageError: the first wrong argument.
+    """
+    import os
+
+    if not os.path.exists(args.model):
+        raise UsageError(f"MODEL {args.model}: no such file")
+    if os.path.isdir(args.model):
+        raise UsageError(f"MODEL {args.model} is a directory; give the .onnx file")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.trace:
+        _check_trace_path(args.trace)
+    dims = _parse_dims(args.dim)
+    if dims and not args.random_inputs:
+        raise UsageError("--dim only applies with --random-inputs")
+    return dims, _load_inputs(args.input)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import actorrt
 
+    try:
+        dims, feeds = _check_run_args(args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     opts = actorrt.SessionOptions(enable_fallback=args.fallback,
                                   trace="ops" if args.trace else "off",
                                   trace_path=args.trace)
@@ -48,69 +151,99 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sess = actorrt.InferenceSession(args.model, options=opts)
     except actorrt.ActorRTError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1
     load_ms = (time.perf_counter() - t0) * 1e3
-    dims = dict(kv.split("=", 1) for kv in args.dim)
-    dims = {k: int(v) for k, v in dims.items()}
-    feeds: dict[str, np.ndarray] = {}
-    for item in args.input:
-        name, _, path = item.partition("=")
-        feeds[name] = np.load(path, allow_pickle=False)
+    try:
+        with sess:
+            code = _run_session(args, sess, dims, feeds, load_ms)
+    except Exception as exc:  # the trace file, written on close (maybe in a group)
+        from ._errors import leaf_exceptions
+
+        leaves = leaf_exceptions(exc)
+        oserr = next((e for e in leaves if isinstance(e, OSError)), None)
+        if oserr is None or not all(isinstance(e, (OSError, actorrt.ActorRTError))
+                                    for e in leaves):
+            raise
+        print(f"error: cannot write the trace {args.trace}: {oserr.strerror or oserr}",
+              file=sys.stderr)
+        return 1
+    if code == 0 and args.trace:
+        print(f"trace written to {args.trace}")
+    return code
+
+
+def _run_session(args: argparse.Namespace, sess, dims: dict[str, int],
+                 feeds: dict[str, np.ndarray], load_ms: float) -> int:
+    import actorrt
+
+    names_in = [a.name for a in sess.get_inputs()]
+    unknown = [n for n in feeds if n not in names_in]
+    if unknown:
+        print(f"error: --input {unknown[0]}: the model has no such input (inputs: "
+              f"{', '.join(names_in)})", file=sys.stderr)
+        return 2
     rng = np.random.default_rng(args.seed)
     if args.random_inputs:
         for arg in sess.get_inputs():
             if arg.name not in feeds:
                 feeds[arg.name] = _random_feed(arg, rng, dims)
-    with sess:
-        if args.placement:
-            print("placement:")
-            for p in sess.placement():
-                others = ", ".join(
-                    f"{k}: {v:.1f} µs" if isinstance(v, float) else f"{k}: declined ({v})"
-                    for k, v in p.candidates.items())
-                print(f"  {p.node} [{p.op_type}] -> {p.provider}  ({others})")
+    missing = [n for n in names_in if n not in feeds]
+    if missing:
+        print(f"error: no value for input(s) {', '.join(missing)}: give --input NAME=FILE.npy "
+              f"or --random-inputs", file=sys.stderr)
+        return 2
+    if args.placement:
+        print("placement:")
+        for p in sess.placement():
+            others = ", ".join(
+                f"{k}: {v:.1f} µs" if isinstance(v, float) else f"{k}: declined ({v})"
+                for k, v in p.candidates.items())
+            print(f"  {p.node} [{p.op_type}] -> {p.provider}  ({others})")
+    try:
+        times = []
+        outs = None
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            outs = sess.run(None, feeds)
+            times.append((time.perf_counter() - t) * 1e3)
+    except actorrt.ActorRTError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    names = [o.name for o in sess.get_outputs()]
+    for name, out in zip(names, outs):
+        if isinstance(out, np.ndarray):
+            summary = ""
+            if out.size and out.dtype.kind in "fiub":
+                a = out.astype(np.float64)
+                summary = f" min={a.min():.6g} max={a.max():.6g} mean={a.mean():.6g}"
+            print(f"{name}: shape={list(out.shape)} dtype={out.dtype}{summary}")
+        else:
+            print(f"{name}: {type(out).__name__} {out if out is None else len(out)}")
+    t = np.array(times)
+    print(f"load {load_ms:.1f} ms; run x{len(t)}: mean {t.mean():.3f} ms, "
+          f"min {t.min():.3f} ms, max {t.max():.3f} ms")
+    if args.compare_ort:
         try:
-            times = []
-            outs = None
-            for _ in range(max(1, args.repeat)):
-                t = time.perf_counter()
-                outs = sess.run(None, feeds)
-                times.append((time.perf_counter() - t) * 1e3)
-        except actorrt.ActorRTError as e:
-            print(f"error: {e}", file=sys.stderr)
+            import onnxruntime as ort
+        except ImportError:
+            print("error: --compare-ort: onnxruntime is not installed", file=sys.stderr)
             return 1
-        names = [o.name for o in sess.get_outputs()]
-        for name, out in zip(names, outs):
-            if isinstance(out, np.ndarray):
-                summary = ""
-                if out.size and out.dtype.kind in "fiub":
-                    a = out.astype(np.float64)
-                    summary = f" min={a.min():.6g} max={a.max():.6g} mean={a.mean():.6g}"
-                print(f"{name}: shape={list(out.shape)} dtype={out.dtype}{summary}")
-            else:
-                print(f"{name}: {type(out).__name__} {out if out is None else len(out)}")
-        t = np.array(times)
-        print(f"load {load_ms:.1f} ms; run x{len(t)}: mean {t.mean():.3f} ms, "
-              f"min {t.min():.3f} ms, max {t.max():.3f} ms")
-        if args.compare_ort:
-            try:
-                import onnxruntime as ort
-            except ImportError:
-                print("--compare-ort: onnxruntime is not installed", file=sys.stderr)
-                return 1
+        try:
             ref = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"])
             want = ref.run(None, feeds)
-            for name, g, w in zip(names, outs, want):
-                if isinstance(w, np.ndarray) and w.dtype.kind in "fiub":
-                    g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-                    diff = np.abs(g64 - w64)
-                    rel = diff / np.maximum(np.abs(w64), 1e-12)
-                    print(f"vs onnxruntime {name}: max abs diff {diff.max(initial=0):.3g}, "
-                          f"max rel diff {rel.max(initial=0):.3g}")
-                else:
-                    print(f"vs onnxruntime {name}: equal={np.array_equal(g, w)}")
-        if args.trace:
-            print(f"trace written to {args.trace} on close")
+        except Exception as e:  # noqa: BLE001 - the peer's own failure, one line
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            print(f"error: --compare-ort: onnxruntime failed: {msg}", file=sys.stderr)
+            return 1
+        for name, g, w in zip(names, outs, want):
+            if isinstance(w, np.ndarray) and w.dtype.kind in "fiub":
+                g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+                diff = np.abs(g64 - w64)
+                rel = diff / np.maximum(np.abs(w64), 1e-12)
+                print(f"vs onnxruntime {name}: max abs diff {diff.max(initial=0):.3g}, "
+                      f"max rel diff {rel.max(initial=0):.3g}")
+            else:
+                print(f"vs onnxruntime {name}: equal={np.array_equal(g, w)}")
     return 0
 
 
@@ -124,16 +257,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench_decode_main(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one ``error:`` line (exit status 2)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="actorrt", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = _Parser(prog="actorrt", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run an ONNX model once or several times")
     r.add_argument("model")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--random-inputs", action="store_true",
                    help="random values for inputs not given (symbolic dims = 1 or --dim)")
     r.add_argument("--dim", action="append", default=[], metavar="SYMBOL=N")
-    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--repeat", type=int, default=1, help="runs to time (>= 1)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--compare-ort", action="store_true")
     r.add_argument("--placement", action="store_true", help="print each node's provider")
@@ -188,8 +328,23 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _tolerant_stdout() -> None:
+    """Characters stdout's encoding cannot write (``PYTHONIOENCODING=ascii``,
+    a C locale) come out as ``?`` instead of raising UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and stream.errors in ("strict", "surrogateescape"):
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):  # pragma: no cover - a closed or odd stream
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (argument errors: 2, model
+    and run errors: 1, Ctrl-C: 130). argparse's own usage errors exit with 2."""
     args = build_parser().parse_args(argv)
+    _tolerant_stdout()
     try:
         return args.func(args)
     except KeyboardInterrupt:

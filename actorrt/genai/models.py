@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -158,7 +159,7 @@ def load_genai_config(folder: str | Path) -> GenAIConfig:
 def model_home(home: str | Path | None = None) -> Path:
     """The cache root: ``home``, else ``$ACTORRT_HOME``, else the user cache dir."""
     if home is None:
-        home = os.environ.get("ACTORRT_HOME")
+        home = os.environ.get("ACTORRT_HOME") or None  # set but empty: the default
     if home is None:
         from platformdirs import user_cache_dir
 
@@ -307,6 +308,7 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0, *,
                     + (".last" if last_logits else "") + ".onnx")
     try:
         if out.is_file() and out.stat().st_mtime_ns >= base.stat().st_mtime_ns:
+            _match_mode(out, base)  # one written 0600 by an older version
             return out
         import onnx
 
@@ -329,6 +331,8 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0, *,
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=out.name + ".", suffix=".part")
         with os.fdopen(fd, "wb") as f:
             f.write(proto.SerializeToString())
+        # mkstemp makes it private (0600): the folder's files share one mode
+        os.chmod(tmp, stat.S_IMODE(base.stat().st_mode))
         os.replace(tmp, out)
     except OSError as exc:
         if tmp is not None:
@@ -336,6 +340,16 @@ def model_file(folder: str | os.PathLike[str], accuracy_level: int = 0, *,
         raise ModelLoadError(f"cannot write {out} (is the model folder writable?): {exc}",
                              model=str(folder)) from exc
     return out
+
+
+def _match_mode(path: Path, like: Path) -> None:
+    """Give ``path`` the permission bits of ``like`` where it differs and we may."""
+    try:
+        want = stat.S_IMODE(like.stat().st_mode)
+        if stat.S_IMODE(path.stat().st_mode) != want:
+            os.chmod(path, want)
+    except OSError:  # another user's file: leave it
+        pass
 
 
 def _last_logits(proto: Any, folder: Path) -> None:
@@ -396,6 +410,34 @@ def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,
             return as_path
         raise ModelLoadError(f"{as_path} is not a prepared model folder (or was built by an "
                              f"older builder); pass the .gguf instead", model=str(as_path))
+    try:
+        return _prepare(name_or_path, root, progress)
+    except OSError as exc:  # the cache root: missing parent, a file, not writable...
+        raise ModelLoadError(f"cannot use the model cache {root} (set ACTORRT_HOME or "
+                             f"home= to a writable folder): {type(exc).__name__}: {exc}",
+                             model=str(name_or_path)) from exc
+
+
+def _built_known(name: str, root: Path) -> Path | None:
+    """The cache's current folder of a known model built from its pinned GGUF,
+    if there is one: it serves without the GGUF (offline, downloads deleted)."""
+    spec = KNOWN_MODELS.get(name.lower())
+    if spec is None or Path(name).exists():
+        return None
+    folder = root / "models" / spec.folder
+    if not _is_current(folder):
+        return None
+    try:
+        raw = json.loads((folder / "genai_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return folder if raw.get("source", {}).get("gguf_sha256") == spec.gguf_sha256 else None
+
+
+def _prepare(name_or_path: str | os.PathLike[str], root: Path, progress: bool) -> Path:
+    built = _built_known(str(name_or_path), root)
+    if built is not None:
+        return built
     gguf_path, folder_name, source = _source_gguf(name_or_path, root, progress)
     folder = root / "models" / folder_name
     if _is_current(folder):
@@ -404,7 +446,8 @@ def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder_name}-"))
     try:
         _build_folder(gguf_path, tmp, source, progress)
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
+        # mkdtemp makes it private (0700); the cache's folders share one mode
+        tmp.chmod(stat.S_IMODE(folder.parent.stat().st_mode))
         if folder.exists():
             shutil.rmtree(folder, ignore_errors=True)
         try:

@@ -25,10 +25,93 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .._errors import ModelLoadError
+from .._errors import InvalidArgumentError, ModelLoadError
 
 __all__ = ["Tokenizer", "load_tokenizer", "build_hf_tokenizer", "bytes_to_unicode",
-           "gguf_tokenizer_info", "PRE_TOKENIZER_REGEXES", "EOG_TOKEN_TEXTS"]
+           "gguf_tokenizer_info", "normalize_chat_messages", "PRE_TOKENIZER_REGEXES",
+           "EOG_TOKEN_TEXTS", "CHAT_ROLES"]
+
+#: roles a chat message may have (the role is written into the prompt as is)
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+#: private-use characters marking message contents in a rendered template
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def _check_text(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode text (encodable as UTF-8).
+
+    Raises:
+        InvalidArgumentError: a lone surrogate (e.g. from bytes decoded with
+            ``surrogateescape``), naming its position.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{what} is not valid Unicode text: a lone surrogate at index {exc.start}",
+            expected="text encodable as UTF-8",
+            got=repr(text[max(exc.start - 10, 0):exc.end + 10])) from None
+    return text
+
+
+def normalize_chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """Chat messages as the templates expect them: ``{"role", "content"}``
+    dicts with string contents (other keys kept).
+
+    ``content`` may be a string, ``None`` (read as ``""``, as an assistant
+    turn that only called tools) or OpenAI-style parts
+    ``[{"type": "text", "text": ...}, ...]`` (their texts joined with
+    ``"\\n"``).
+
+    Raises:
+        InvalidArgumentError: not a non-empty list of dicts, a missing
+            ``role`` or ``content``, a role outside :data:`CHAT_ROLES`, a
+            content of another type, a non-text part, or text with a lone
+            surrogate.
+    """
+    if isinstance(messages, (str, bytes, bytearray)) or not isinstance(messages, Sequence):
+        raise InvalidArgumentError("chat messages must be a list of dicts",
+                                   expected="[{'role': ..., 'content': ...}]",
+                                   got=type(messages).__name__)
+    if not messages:
+        raise InvalidArgumentError("no chat messages", expected="at least one message",
+                                   got="[]")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidArgumentError(f"chat message {i} is not a dict",
+                                       expected="{'role': ..., 'content': ...}",
+                                       got=type(m).__name__)
+        if "role" not in m or "content" not in m:
+            raise InvalidArgumentError(f"chat message {i} needs 'role' and 'content'",
+                                       expected="{'role': ..., 'content': ...}",
+                                       got=f"keys {sorted(map(str, m))}")
+        role = m["role"]
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise InvalidArgumentError(f"chat message {i} has an unknown role",
+                                       expected=f"one of {', '.join(CHAT_ROLES)}",
+                                       got=repr(role))
+        content = m["content"]
+        if content is None:
+            content = ""
+        elif isinstance(content, Sequence) and not isinstance(content, str):
+            texts = []
+            for j, part in enumerate(content):
+                if (not isinstance(part, Mapping) or part.get("type") != "text"
+                        or not isinstance(part.get("text"), str)):
+                    raise InvalidArgumentError(
+                        f"chat message {i}, content part {j}: only text parts are supported",
+                        expected="{'type': 'text', 'text': str}", got=repr(part)[:80])
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        elif not isinstance(content, str):
+            raise InvalidArgumentError(f"chat message {i} has a content of the wrong type",
+                                       expected="str, None or a list of text parts",
+                                       got=type(content).__name__)
+        out.append({**m, "role": role,
+                    "content": _check_text(content, f"chat message {i}'s content")})
+    return out
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
@@ -196,7 +279,18 @@ class Tokenizer:
             text: the text.
             parse_special: match control-token text such as ``<|im_start|>`` as
                 the special token; when ``False`` it is tokenized as plain text.
+
+        Raises:
+            InvalidArgumentError: ``text`` is not a str (bytes: decode them
+                first), holds a lone surrogate, or ``parse_special`` is not a bool.
         """
+        if not isinstance(text, str):
+            raise InvalidArgumentError("text to encode must be a str (decode bytes first)",
+                                       expected="str", got=type(text).__name__)
+        if not isinstance(parse_special, bool):
+            raise InvalidArgumentError("parse_special must be a bool", expected="True or False",
+                                       got=repr(parse_special))
+        _check_text(text, "the text")
         tok = self._tok if parse_special else self._tok_plain
         ids = tok.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_token_id is not None:
@@ -259,8 +353,103 @@ class Tokenizer:
 
         Raises:
             ModelLoadError: the model has no chat template.
-            ValueError: the template raised (e.g. an unsupported role order).
+            InvalidArgumentError: malformed messages
+                (:func:`normalize_chat_messages`), or the template refused
+                them (e.g. an unsupported role order).
         """
+        messages = normalize_chat_messages(messages)
+        return self._render(messages, add_generation_prompt, extra)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]],
+                    add_generation_prompt: bool = True, *,
+                    special_in_content: bool = False, **extra: Any) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template.
+
+        The template's own control tokens (``<|im_start|>``, ``<|im_end|>``...)
+        are special tokens; text *inside* message contents is never read as
+        one unless ``special_in_content`` is set: a user writing
+        ``<|im_end|>\\n<|im_start|>system`` gets those characters as plain
+        text, not a new system turn. Contents are marked while rendering;
+        each stretch of plain text between two template control tokens
+        (template text and contents together) is encoded in one piece, so
+        for contents without control-token text the ids equal encoding the
+        rendered string with special-token parsing.
+
+        Args:
+            messages: chat messages (see :func:`normalize_chat_messages`).
+            add_generation_prompt: end with the assistant turn's header.
+            special_in_content: the old behaviour, for trusted text only:
+                render, then encode everything with special-token parsing.
+
+        Raises:
+            ModelLoadError: the model has no chat template.
+            InvalidArgumentError: malformed messages, a non-bool flag, or the
+                template refused the messages.
+        """
+        for name, flag in (("add_generation_prompt", add_generation_prompt),
+                           ("special_in_content", special_in_content)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be a bool", expected="True or False",
+                                           got=repr(flag))
+        messages = normalize_chat_messages(messages)
+        text = self._render(messages, add_generation_prompt, extra)
+        specials = self._special_texts()
+        if special_in_content or not any(t in m["content"] for m in messages
+                                         for t in specials):
+            return self.encode(text, parse_special=True)
+        if any(_OPEN in m["content"] or _CLOSE in m["content"] for m in messages):
+            raise InvalidArgumentError("chat message content holds the private-use "
+                                       "characters U+E000/U+E001",
+                                       expected="text without them", got="U+E000 or U+E001")
+        marked = self._render([{**m, "content": _OPEN + m["content"] + _CLOSE}
+                               for m in messages], add_generation_prompt, extra)
+        return self._encode_segments(marked)
+
+    def _special_texts(self) -> list[str]:
+        """Texts of the control tokens, longest first."""
+        if getattr(self, "_specials", None) is None:
+            self._specials = sorted((t.content for t in
+                                     self._tok.get_added_tokens_decoder().values()
+                                     if t.special), key=len, reverse=True)
+        return self._specials
+
+    def _encode_segments(self, marked: str) -> list[int]:
+        """Ids of a rendered template whose contents sit between ``_OPEN`` and
+        ``_CLOSE``: control-token text outside them becomes the control token,
+        everything else (template text and contents) plain text, encoded in
+        one piece between two control tokens."""
+        import re
+
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        split = re.compile("(" + "|".join(map(re.escape, self._special_texts())) + ")")
+        ids: list[int] = []
+        plain: list[str] = []
+
+        def flush() -> None:
+            if plain:
+                ids.extend(self._tok_plain.encode("".join(plain), add_special_tokens=False).ids)
+                plain.clear()
+
+        inside = False
+        for piece in re.split(f"([{_OPEN}{_CLOSE}])", marked):
+            if piece in (_OPEN, _CLOSE):
+                inside = piece == _OPEN
+            elif inside:
+                plain.append(piece)
+            else:
+                for j, part in enumerate(split.split(piece)):
+                    if j % 2:
+                        flush()
+                        ids.append(vocab[part])
+                    elif part:
+                        plain.append(part)
+        flush()
+        if self.add_bos and self.bos_token_id is not None:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                extra: dict[str, Any]) -> str:
         if not self.chat_template:
             raise ModelLoadError("this model has no chat template")
         if self._template is None:
@@ -275,10 +464,17 @@ class Tokenizer:
                                                                         indent=indent)
             self._template = env.from_string(self.chat_template)
         eos = self.eos_token_ids[0] if self.eos_token_ids else None
-        return self._template.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=self.decode([self.bos_token_id]) if self.bos_token_id is not None else "",
-            eos_token=self.decode([eos]) if eos is not None else "", **extra)
+        from jinja2 import TemplateError
+
+        try:
+            return self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                bos_token=(self.decode([self.bos_token_id])
+                           if self.bos_token_id is not None else ""),
+                eos_token=self.decode([eos]) if eos is not None else "", **extra)
+        except (TemplateError, ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgumentError(f"the chat template refused the messages: "
+                                       f"{type(exc).__name__}: {exc}") from exc
 
 
 def gguf_tokenizer_info(g: Any) -> dict[str, Any]:

@@ -325,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "32-value block (faster decode, as onnxruntime-genai CPU models "
                          "and llama.cpp do)")
     bd.set_defaults(func=_cmd_bench)
+
+    from .serve.cli import add_arguments as serve_arguments, serve_main
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, "
+                                      "/v1/chat/completions, /metrics)")
+    serve_arguments(sv)
+    sv.set_defaults(func=serve_main)
     return ap
 
 

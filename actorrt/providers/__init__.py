@@ -62,6 +62,10 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
     Raises:
         InvalidArgumentError: unknown provider name or bad entry.
     """
+    threads = getattr(options, "intra_op_num_threads", None)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+        raise InvalidArgumentError("intra_op_num_threads must be an int >= 0 (0: every core)",
+                                   expected="int >= 0", got=repr(threads))
     if providers is None:
         providers = ["cpu"]
     if isinstance(providers, str):
@@ -83,11 +87,14 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
         kwargs.setdefault("memory_limit", getattr(options, "memory_limit", None))
         if getattr(options, "workers", None):
             kwargs.setdefault("workers", options.workers)
+        if cls.name == "cpu" and getattr(options, "intra_op_num_threads", None):
+            kwargs.setdefault("threads", options.intra_op_num_threads)
         out.append(cls(**kwargs))
     from .cpu import CPUExecutionProvider
     if not any(isinstance(p, CPUExecutionProvider) for p in out):
         out.append(CPUExecutionProvider(memory_limit=getattr(options, "memory_limit", None),
-                                        workers=getattr(options, "workers", None)))
+                                        workers=getattr(options, "workers", None),
+                                        threads=getattr(options, "intra_op_num_threads", None) or None))
     if getattr(options, "enable_fallback", False):
         from .reference import ReferenceExecutionProvider
         if not any(isinstance(p, ReferenceExecutionProvider) for p in out):

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ... import tracing
+
 __all__ = [
     "compute_dtype", "spatial_params", "conv_geometry", "pad_spatial", "sliding_view",
     "tap_slices", "scatter_taps", "conv_core", "reflect", "decode_str",
@@ -214,7 +216,8 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             x.dtype in (np.float32, np.float64):
         y = _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, path, workspace)
         if y is not None:
-            return y, path + "/compiled"
+            tracing.kernel_variant("conv_impl", "compiled")
+            return y, path
     if path == "1x1":
         xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
         y = np.matmul(wpack, xs.reshape(n, g, cg, P))

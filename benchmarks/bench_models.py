@@ -296,16 +296,18 @@ def build(name: str):
 
 
 # ------------------------------------------------------------------ timing
-def _time_for(fn, budget: float) -> float:
-    """Mean seconds per call of ``fn`` over about ``budget`` seconds (at least 1 call)."""
-    t0 = time.perf_counter()
+def _time_for(fn, budget: float) -> tuple[float, float]:
+    """``(wall, cpu)`` mean seconds per call of ``fn`` over about ``budget``
+    wall seconds (at least 1 call); cpu is the process's CPU time (every
+    thread), which a busy machine's preemption does not inflate."""
+    t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     while True:
         fn()
         n += 1
         t = time.perf_counter() - t0
         if t >= budget:
-            return t / n
+            return t / n, (time.process_time() - c0) / n
 
 
 def child(threads: int, models: list[str], rounds: int, budget: float) -> None:
@@ -337,17 +339,22 @@ def child(threads: int, models: list[str], rounds: int, budget: float) -> None:
             ra, ro = a.run(None, feeds), o.run(None, feeds)
             err = max(float(np.max(np.abs(np.asarray(x, np.float64) - y)) / max(float(np.max(np.abs(y))), 1e-30))
                       if np.asarray(y).size else 0.0 for x, y in zip(ra, ro))
-            ta, to, rr = [], [], []
+            ta, to, rr, ca, co, rc = [], [], [], [], [], []
             for _ in range(rounds):
-                x = _time_for(lambda: a.run(None, feeds), budget)
-                y = _time_for(lambda: o.run(None, feeds), budget)
+                x, xc = _time_for(lambda: a.run(None, feeds), budget)
+                y, yc = _time_for(lambda: o.run(None, feeds), budget)
                 ta.append(x)
                 to.append(y)
                 rr.append(x / y)
+                ca.append(xc)
+                co.append(yc)
+                rc.append(xc / yc)
             fusions = len(getattr(a.session.plan, "fusions", []))
             print(json.dumps({"model": name, "threads": threads, "actorrt_ms": float(np.median(ta)) * 1e3,
                               "ort_ms": float(np.median(to)) * 1e3, "ratio": float(np.median(rr)),
-                              "ratios": [round(r, 3) for r in rr], "err": err, "fusions": fusions,
+                              "ratios": [round(r, 3) for r in rr], "cpu_actorrt_ms": float(np.median(ca)) * 1e3,
+                              "cpu_ort_ms": float(np.median(co)) * 1e3, "cpu_ratio": float(np.median(rc)),
+                              "err": err, "fusions": fusions,
                               "steps": len(a.session.plan.steps)}), flush=True)
         finally:
             a.close()
@@ -384,18 +391,19 @@ def main() -> None:
             print(f"child for {t} thread(s) exited {proc.returncode}", file=sys.stderr)
     by = {(r["model"], r["threads"]): r for r in rows}
     ts = sorted({r["threads"] for r in rows})
-    print("ratio = actorrt / onnxruntime, median of per-round ratios (same run, interleaved)")
-    head = f"{'model':<14}" + "".join(f" | {t}t ours ms  ort ms  ratio    err" for t in ts)
+    print("ratio = actorrt / onnxruntime, median of per-round ratios (same run, interleaved);")
+    print("wall: elapsed time; cpu: process CPU time per run (all threads), robust to a busy machine")
+    head = f"{'model':<14}" + "".join(f" | {t}t ours ms  ort ms  wall  cpu    err" for t in ts)
     print(head)
     for m in models:
         line = f"{m:<14}"
         for t in ts:
             r = by.get((m, t))
             if r is None or "skipped" in r:
-                line += f" | {'-':>33}"
+                line += f" | {'-':>37}"
             else:
-                line += (f" | {r['actorrt_ms']:9.3f} {r['ort_ms']:7.3f} {r['ratio']:6.2f} "
-                         f"{r['err']:6.0e}")
+                line += (f" | {r['actorrt_ms']:9.3f} {r['ort_ms']:7.3f} {r['ratio']:5.2f} "
+                         f"{r.get('cpu_ratio', float('nan')):5.2f} {r['err']:6.0e}")
         print(line)
     for r in rows:
         if "skipped" in r:

@@ -180,6 +180,10 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
 
     from .._errors import ProviderUnavailableWarning
 
+    threads = getattr(options, "intra_op_num_threads", None)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 0):
+        raise InvalidArgumentError("intra_op_num_threads must be an int >= 0 (0: every core)",
+                                   expected="int >= 0", got=repr(threads))
     if providers is None or (not isinstance(providers, str) and len(providers) == 0):
         providers = ["cpu"]
     if isinstance(providers, (str, ExecutionProvider)) or (
@@ -214,6 +218,8 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
         kwargs.setdefault("memory_limit", getattr(options, "memory_limit", None))
         if getattr(options, "workers", None):
             kwargs.setdefault("workers", options.workers)
+        if cls.name == "cpu" and getattr(options, "intra_op_num_threads", None):
+            kwargs.setdefault("threads", options.intra_op_num_threads)
         out.append(cls(**kwargs))
     if not out:
         raise InvalidArgumentError("none of the requested execution providers can run here: "
@@ -225,7 +231,8 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
         # the host of weights and folded constants (the reference provider,
         # a CPU subclass, is no substitute: nodes it declines need a home)
         out.append(CPUExecutionProvider(memory_limit=getattr(options, "memory_limit", None),
-                                        workers=getattr(options, "workers", None)))
+                                        workers=getattr(options, "workers", None),
+                                        threads=getattr(options, "intra_op_num_threads", None) or None))
     if getattr(options, "enable_fallback", False):
         from .reference import ReferenceExecutionProvider
         if not any(isinstance(p, ReferenceExecutionProvider) for p in out):

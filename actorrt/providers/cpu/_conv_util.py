@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ... import tracing
+
 __all__ = [
     "compute_dtype", "spatial_params", "conv_geometry", "pad_spatial", "sliding_view",
     "tap_slices", "scatter_taps", "conv_core", "reflect", "decode_str",
@@ -210,6 +212,12 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
     P = math.prod(out_shape)
     if path is None:
         path = choose_path(kernel, pb, pe, cg, group)
+    if len(kernel) == 2 and path != "1x1" and pad_value == 0 and COMPILED and \
+            x.dtype in (np.float32, np.float64):
+        y = _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, path, workspace)
+        if y is not None:
+            tracing.kernel_variant("conv_impl", "compiled")
+            return y, path
     if path == "1x1":
         xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
         y = np.matmul(wpack, xs.reshape(n, g, cg, P))
@@ -247,6 +255,35 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             cols = view[n0:n0 + k].reshape(-1, g, cg * K, P)
         np.matmul(wpack, cols, out=y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape), path
+
+
+#: use the compiled (numba) 2-D im2col / depthwise paths when numba is there
+COMPILED = True
+
+
+def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, path, workspace):
+    """The 2-D ``im2col`` / ``depthwise`` paths with the patch matrix or the
+    direct depthwise sum compiled (:mod:`._conv_numba`); ``None`` without numba."""
+    from . import _conv_numba as cn
+    if not cn.HAVE_NUMBA:
+        return None
+    n, c = x.shape[:2]
+    g, mg, ck = wpack.shape
+    if path == "depthwise":
+        w = wpack.reshape(g * mg, 1, *kernel)
+        return cn.depthwise2d(x, w, strides, dilations, pb, out_shape)
+    K, P = math.prod(kernel), math.prod(out_shape)
+    step = im2col_chunk(n, c, K, P, x.dtype.itemsize)
+    need = step * c * K * P * x.dtype.itemsize
+    ws = [b for b in workspace if b.nbytes >= need]
+    colbuf = ws[-1][:need].view(x.dtype) if ws else np.empty(step * c * K * P, x.dtype)
+    y = np.empty((n, g, mg, P), dtype=x.dtype)
+    for n0 in range(0, n, step):
+        k = min(step, n - n0)
+        cols = cn.im2col2d(x[n0:n0 + k], kernel, strides, dilations, pb, out_shape,
+                           colbuf[:k * c * K * P])
+        np.matmul(wpack, cols.reshape(k, g, (c // g) * K, P), out=y[n0:n0 + k])
+    return y.reshape(n, g * mg, *out_shape)
 
 
 def _padded_bytes(x: np.ndarray, pb, pe) -> int:

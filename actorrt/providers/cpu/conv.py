@@ -96,13 +96,29 @@ class Conv(_PackedWeightConv):
 
 
     uses_workspace = True
+    #: per-kernel caches of the shape work, keyed by input shapes (bounded)
+    _CACHE_SIZE = 64
+
+    def _cached(self, name: str, key, make):
+        cache = self.__dict__.setdefault(name, {})
+        v = cache.get(key)
+        if v is None:
+            if len(cache) >= self._CACHE_SIZE:
+                cache.clear()
+            v = cache[key] = make()
+        return v
 
     def workspace(self, input_shapes):
         """Exact im2col scratch for these shapes: the padded input (when padded)
-        and one chunk of the patch matrix, in the compute dtype."""
+        and one chunk of the patch matrix, in the compute dtype (computed once
+        per input signature)."""
         x_shape, w_shape = input_shapes[0], input_shapes[1]
         if x_shape is None or w_shape is None or len(x_shape) < 3:
             return []
+        return self._cached("_ws_cache", (x_shape, w_shape),
+                            lambda: self._workspace(x_shape, w_shape))
+
+    def _workspace(self, x_shape, w_shape):
         vt = self.node.input_type(0)
         dt = to_numpy_dtype(vt.dtype) if vt is not None and vt.dtype else np.dtype(np.float32)
         kernel, _, _, out, pb, pe = _geometry(self.node, x_shape, w_shape)
@@ -117,7 +133,8 @@ class Conv(_PackedWeightConv):
         if x.shape[1] != w.shape[1] * group:
             raise ValueError(f"input has {x.shape[1]} channels, weight {w.shape} with "
                              f"group={group} expects {w.shape[1] * group}")
-        kernel, strides, dil, out, pb, pe = _geometry(self.node, x.shape, w.shape)
+        kernel, strides, dil, out, pb, pe = self._cached(
+            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
         wpack = self._wpack if self._wpack is not None else _pack(w, group, cd)
         y, path = conv_core(x.astype(cd, copy=False), wpack, group, kernel, strides, dil,
                             pb, pe, out, workspace=workspace)

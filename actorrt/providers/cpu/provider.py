@@ -24,6 +24,8 @@ class CPUExecutionProvider(ExecutionProvider):
     Args:
         workers: worker actors (segments that may run at once).
         memory_limit: bytes this provider may hold at once (``None``: no limit).
+        threads: threads each kernel may use (BLAS and compiled kernels;
+            ``None``: leave the pools as they are, every core by default).
     """
 
     name = "cpu"
@@ -31,9 +33,20 @@ class CPUExecutionProvider(ExecutionProvider):
     host_accessible = True
     registry = CPU_KERNELS
 
-    def __init__(self, *, workers: int | None = None, memory_limit: int | None = None):
+    def __init__(self, *, workers: int | None = None, memory_limit: int | None = None,
+                 threads: int | None = None):
         super().__init__(workers=workers or min(4, os.cpu_count() or 1),
                          memory_limit=memory_limit, profile=CPU_PROFILE)
+        if threads is not None and int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = None if threads is None else int(threads)
+
+    def segment_context(self):
+        """Applies :attr:`threads` (:mod:`._threads`) on the running worker."""
+        if self.threads is not None:
+            from . import _threads
+            _threads.apply(self.threads)
+        return super().segment_context()
 
     def fuse_steps(self, steps, protected, consts, make_step):
         """Fuse LLM decoder blocks (:mod:`.llm._fusion`) among this provider's

@@ -1,0 +1,129 @@
+"""Compiled (numba) pieces of the 2-D convolution paths of :func:`._conv_util.conv_core`.
+
+Loaded lazily, on the first 2-D convolution (non-LLM models that never convolve
+never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
+``conv_core`` keeps its numpy paths.
+
+* :func:`im2col2d` -- the patch matrix ``cols (N, C, KH, KW, OH, OW)`` of an
+  unpadded ``x (N, C, H, W)``, zeros where a tap falls in the padding; parallel
+  over the ``N * C`` planes.
+* :func:`depthwise2d` -- ``y (N, C*mult, OH, OW)`` of a grouped convolution with
+  one input channel per group, directly (no patch matrix); parallel over planes.
+
+Both take float32 or float64 C-contiguous arrays and strides / dilations /
+leading pads as ints.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+__all__ = ["HAVE_NUMBA", "im2col2d", "depthwise2d"]
+
+try:
+    from numba import njit, prange
+    HAVE_NUMBA = True
+except Exception:  # pragma: no cover - exercised only without numba
+    HAVE_NUMBA = False
+
+#: numba's workqueue threading layer aborts on parallel launches from two
+#: Python threads at once (segments may run concurrently): one at a time
+_LAUNCH = threading.Lock()
+
+if HAVE_NUMBA:
+    @njit(nogil=True, cache=True, inline="always")
+    def _span(ow, sw, off, w):  # pragma: no cover - compiled
+        """Output columns ``[lo, hi)`` whose input column ``ox * sw + off`` is in ``[0, w)``."""
+        lo = 0
+        if off < 0:
+            lo = (-off + sw - 1) // sw
+        hi = ow
+        if (ow - 1) * sw + off >= w:
+            hi = (w - 1 - off) // sw + 1 if w - 1 - off >= 0 else 0
+        if hi < lo:
+            hi = lo
+        return lo, hi
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _im2col(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, c, h, w = x.shape
+        kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
+        for nc in prange(n * c):
+            b = nc // c
+            ch = nc % c
+            for i in range(kh):
+                for j in range(kw):
+                    off = j * dw - pl
+                    lo, hi = _span(ow, sw, off, w)
+                    for oy in range(oh):
+                        iy = oy * sh - pt + i * dh
+                        dst = cols[b, ch, i, j, oy]
+                        if iy < 0 or iy >= h:
+                            dst[:] = 0
+                            continue
+                        src = x[b, ch, iy]
+                        dst[:lo] = 0
+                        dst[hi:] = 0
+                        if sw == 1:
+                            dst[lo:hi] = src[lo + off:hi + off]
+                        else:
+                            for ox in range(lo, hi):
+                                dst[ox] = src[ox * sw + off]
+
+    @njit(parallel=True, nogil=True, cache=True, fastmath=True)
+    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, c, h, wd = x.shape
+        m, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        mult = m // c
+        oh, ow = y.shape[2], y.shape[3]
+        for nm in prange(n * m):
+            b = nm // m
+            oc = nm % m
+            ic = oc // mult
+            for oy in range(oh):
+                row = y[b, oc, oy]
+                row[:] = 0
+                for i in range(kh):
+                    iy = oy * sh - pt + i * dh
+                    if iy < 0 or iy >= h:
+                        continue
+                    src = x[b, ic, iy]
+                    for j in range(kw):
+                        wv = w[oc, 0, i, j]
+                        off = j * dw - pl
+                        lo, hi = _span(ow, sw, off, wd)
+                        if sw == 1:
+                            for ox in range(lo, hi):
+                                row[ox] += wv * src[ox + off]
+                        else:
+                            for ox in range(lo, hi):
+                                row[ox] += wv * src[ox * sw + off]
+
+
+def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
+             cols: np.ndarray | None = None) -> np.ndarray:
+    """Patch matrix ``(N, C, KH, KW, OH, OW)`` of ``x (N, C, H, W)``, built in
+    ``cols`` when given (same dtype, that many elements), else in a new array."""
+    n, c = x.shape[:2]
+    shape = (n, c, kernel[0], kernel[1], out_shape[0], out_shape[1])
+    if cols is None:
+        cols = np.empty(shape, x.dtype)
+    else:
+        cols = cols.reshape(shape)
+    with _LAUNCH:
+        _im2col(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0], dilations[1],
+                pads_begin[0], pads_begin[1])
+    return cols
+
+
+def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, out_shape) -> np.ndarray:
+    """``(N, M, OH, OW)`` convolution of ``x (N, C, H, W)`` with ``w (M, 1, KH, KW)``,
+    ``M`` a multiple of ``C`` (one input channel per group)."""
+    n = x.shape[0]
+    y = np.empty((n, w.shape[0], out_shape[0], out_shape[1]), x.dtype)
+    with _LAUNCH:
+        _depthwise(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
+                   strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    return y

@@ -1,0 +1,77 @@
+"""The compiled (numba) 2-D Conv paths (im2col patch building, direct
+depthwise) and the numpy paths they replace, both against onnxruntime, over
+odd sizes, strides, pads (incl. asymmetric and SAME), dilations, groups and
+depthwise channel multipliers; and intra_op_num_threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP, helper, numpy_helper
+
+import actorrt
+from actorrt.providers.cpu import _conv_numba, _conv_util
+
+RNG = np.random.default_rng(99)
+
+CASES = [  # (n, c, h, w, m, (kh, kw), strides, pads, dilations, group, auto_pad)
+    (1, 3, 17, 13, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),
+    (2, 4, 11, 9, 6, (3, 2), (2, 1), (0, 1, 2, 0), (1, 1), 2, None),
+    (1, 6, 15, 15, 6, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 6, None),      # depthwise, dilated
+    (2, 5, 14, 9, 10, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 5, None),      # depthwise x2 multiplier
+    (1, 4, 9, 8, 4, (5, 5), (3, 3), (2, 2, 2, 2), (1, 1), 1, None),
+    (1, 2, 5, 4, 2, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 2, None),        # kernel past the image
+    (1, 3, 10, 7, 4, (3, 3), (2, 2), None, (1, 1), 1, "SAME_UPPER"),
+    (3, 8, 6, 6, 8, (3, 3), (1, 2), (1, 0, 1, 0), (1, 2), 8, None),
+]
+
+
+def _model(case):
+    n, c, h, w, m, k, s, p, d, g, auto = case
+    attrs = dict(kernel_shape=list(k), strides=list(s), dilations=list(d), group=g)
+    if auto:
+        attrs["auto_pad"] = auto
+    else:
+        attrs["pads"] = list(p)
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c // g, *k)).astype(np.float32), "W"),
+             numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B")]
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], **attrs)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), \
+        RNG.standard_normal((n, c, h, w)).astype(np.float32)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("case", CASES)
+def test_conv_paths_match_onnxruntime(case, compiled, monkeypatch):
+    if compiled and not _conv_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(_conv_util, "COMPILED", compiled)
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert spans and all(("kernel_variant.conv_impl" in a) == compiled for a in spans), spans
+
+
+def test_intra_op_num_threads():
+    import threadpoolctl
+    model, x = _model(CASES[0])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    before = threadpoolctl.threadpool_info()
+    try:
+        with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=1)) as s:
+            np.testing.assert_allclose(s.run(None, {"x": x})[0], want[0], rtol=1e-4, atol=1e-4)
+            blas = [i for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+            assert blas and all(i["num_threads"] == 1 for i in blas)
+    finally:
+        for info in before:
+            if info["user_api"] == "blas":
+                threadpoolctl.threadpool_limits(limits=info["num_threads"], user_api="blas")
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(actorrt.InvalidArgumentError):
+            actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=bad))

@@ -22,7 +22,7 @@ pytest.importorskip("tokenizers")
 
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from actorrt import InferenceSession, SessionOptions  # noqa: E402
+from actorrt import SessionOptions, open_session  # noqa: E402
 from actorrt.genai.models import load_genai_config, prepare_model  # noqa: E402
 from actorrt.genai.tokenizer import bytes_to_unicode  # noqa: E402
 from tests.genai.test_builder import OrtDecoder, _hf_to_gguf_permute  # noqa: E402
@@ -236,21 +236,33 @@ CASES = {
 IDS = [2, 262, 265, 266, 150, 40, 77, 264, 263, 5, 99, 120]
 
 
-def _ours(path: str, cfg, ids: list[int], fuse: bool) -> tuple[np.ndarray, list]:
-    """Logits of a prefill of 5 then decode steps, in actorrt."""
-    with InferenceSession(path, sess_options=SessionOptions(fuse_kernels=fuse)) as sess:
-        fusions = list(getattr(sess, "plan", None).fusions) if hasattr(sess, "plan") else []
-        past = {n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
-                for n in cfg.kv_input_names()}
-        out = []
-        for chunk in (ids[:5], *([t] for t in ids[5:])):
-            total = next(iter(past.values())).shape[2] + len(chunk)
-            feed = {"input_ids": np.array([chunk], np.int64),
-                    "attention_mask": np.ones((1, total), np.int64), **past}
-            res = sess.run(["logits", *cfg.kv_output_names()], feed)
-            past = dict(zip(cfg.kv_input_names(), res[1:]))
-            out.append(res[0][0])
-    return np.concatenate(out), fusions
+def _ours(path: str, cfg, ids: list[int], fuse: bool) -> tuple[np.ndarray, list, list]:
+    """Logits of a prefill of 5 then decode steps in actorrt, the plan's
+    fusions and declined fusions."""
+    import trio
+
+    async def go():
+        async with open_session(path, None, SessionOptions(fuse_kernels=fuse)) as sess:
+            names = [o.name for o in sess.get_outputs()]
+            past = {n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+                    for n in cfg.kv_input_names()}
+            out = []
+            for chunk in (ids[:5], *([t] for t in ids[5:])):
+                total = next(iter(past.values())).shape[2] + len(chunk)
+                feed = {"input_ids": np.array([chunk], np.int64),
+                        "attention_mask": np.ones((1, total), np.int64), **past}
+                by = dict(zip(names, await sess.run(None, feed)))
+                past = {n: np.array(by[o]) for n, o in zip(cfg.kv_input_names(),
+                                                           cfg.kv_output_names())}
+                out.append(np.array(by["logits"])[0])
+            return (np.concatenate(out), list(sess.plan.fusions),
+                    list(sess.plan.fusion_declines))
+    return trio.run(go)
+
+
+#: how many of a case's decoder blocks the fusion takes (the rest it declines)
+FUSED_BLOCKS = {"qwen2": 0, "qwen2-q4_k": 0, "phi3": 2, "phi3-q6_k": 2, "llama-sliding": 2,
+                "gemma3": 0}
 
 
 @pytest.fixture(scope="module")
@@ -276,9 +288,13 @@ def test_arch_logits_match_llama_cpp_conventions(built, case):
     tol = 1e-3 * max(1.0, np.abs(ref).max())
     np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
     for fuse in (False, True):
-        ours, _ = _ours(str(cfg.model_path), cfg, IDS, fuse)
+        ours, fusions, declines = _ours(str(cfg.model_path), cfg, IDS, fuse)
         np.testing.assert_allclose(ours, got, atol=tol, rtol=0, err_msg=f"fuse_kernels={fuse}")
     assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
+    blocks = [f for f, _ in fusions if f.endswith("/DecoderBlock")]
+    assert len(blocks) == FUSED_BLOCKS[case], fusions
+    assert len(declines) == cfg.num_layers - len(blocks), declines
+    assert all(r for _, r in declines)
 
 
 def test_gemma3_graph_has_the_architecture_features(built):

@@ -299,6 +299,9 @@ class Plan:
         self._gather_outputs: Callable | None = None
         #: (fused node name, names of the nodes it replaced), one per fusion
         self.fusions: list[tuple[str, tuple[str, ...]]] = []
+        #: (node name, reason) of each candidate a provider declined to fuse
+        #: (e.g. an LLM decoder block of another shape than its fused kernel's)
+        self.fusion_declines: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ running
     def new_env(self) -> list:
@@ -836,6 +839,7 @@ class _Compiler:
         for p in self.providers:
             steps, fusions = p.fuse_steps(steps, protected, consts, make_step)
             self.plan.fusions.extend(fusions)
+            self.plan.fusion_declines.extend(getattr(p, "fusion_declines", ()))
         for i, st in enumerate(steps):
             st.index = i
         return steps

@@ -24,6 +24,7 @@ nibble and element ``j + 16`` in its high nibble.
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,11 @@ __all__ = [
     "unpermute_rope_rows",
 ]
 
-#: ``general.architecture`` values built as llama graphs.
-SUPPORTED_ARCHS = ("llama",)
+#: ``general.architecture`` values the builder turns into decoder graphs.
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma3")
+#: architectures whose GGUF stores Q/K rows permuted for llama.cpp's
+#: interleaved ("normal") RoPE; the others use NeoX (rotate-half) RoPE as is
+PERMUTED_ROPE_ARCHS = ("llama", "mistral")
 #: GGML tensor types the builder can turn into ONNX initializers.
 SUPPORTED_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -78,6 +82,15 @@ class LlamaHParams:
         rope_theta: RoPE frequency base.
         rms_eps: epsilon of the RMS norms.
         rope_dim: how many of each head's channels RoPE rotates.
+        sliding_window: tokens a local layer attends to (itself included),
+            0 for none.
+        local_layers: per layer, whether it is a sliding-window layer.
+        rope_theta_local: RoPE base of the local layers.
+        attn_scale: the factor of ``q . k`` (``1 / sqrt(head_dim)`` unless the
+            architecture says otherwise).
+        attn_softcap / final_softcap: ``c * tanh(x / c)`` caps on the
+            attention scores / the logits, 0 for none.
+        embed_scale: factor on the token embedding (Gemma: ``sqrt(hidden)``), 1 else.
     """
 
     arch: str
@@ -93,6 +106,13 @@ class LlamaHParams:
     rope_theta: float
     rms_eps: float
     rope_dim: int
+    sliding_window: int = 0
+    local_layers: tuple[bool, ...] = ()
+    rope_theta_local: float = 10000.0
+    attn_scale: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    embed_scale: float = 1.0
 
 
 @attrs.frozen
@@ -320,10 +340,30 @@ class GGUFFile:
         vocab = self.get(p + "vocab_size")
         if vocab is None:
             vocab = len(self.require("tokenizer.ggml.tokens"))
+        n_layer = int(self.require(p + "block_count"))
+        window = int(self.get(p + "attention.sliding_window", 0) or 0)
+        if arch == "gemma3":
+            # llama.cpp: every 6th layer global (set_swa_pattern(6)), local RoPE base 10000,
+            # q scaled by 1/sqrt(head_dim) (27B: 1/sqrt(hidden / heads)), embeddings by sqrt(hidden)
+            pattern = self.get(p + "attention.sliding_window_pattern")
+            if pattern is None or isinstance(pattern, (int, np.integer)):
+                period = int(pattern or 6)
+                local = tuple(window > 0 and (i + 1) % period != 0 for i in range(n_layer))
+            else:
+                local = tuple(bool(x) for x in np.asarray(pattern).reshape(-1))
+            embed_scale = math.sqrt(hidden)
+            local_base = float(self.get(p + "rope.freq_base_swa", 10000.0))
+        else:
+            local = (window > 0,) * n_layer
+            embed_scale = 1.0
+            local_base = float(self.get(p + "rope.freq_base", 10000.0))
+        if len(local) != n_layer:
+            raise ModelLoadError(f"sliding-window pattern has {len(local)} entries for "
+                                 f"{n_layer} layers", model=str(self.path))
         hp = LlamaHParams(
             arch=arch,
             name=str(self.get("general.name", self.path.stem)),
-            n_layer=int(self.require(p + "block_count")),
+            n_layer=n_layer,
             hidden=hidden,
             n_head=n_head,
             n_head_kv=int(self.get(p + "attention.head_count_kv", n_head)),
@@ -334,7 +374,17 @@ class GGUFFile:
             rope_theta=float(self.get(p + "rope.freq_base", 10000.0)),
             rms_eps=float(self.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
             rope_dim=int(self.get(p + "rope.dimension_count", head_dim)),
+            sliding_window=window if any(local) else 0,
+            local_layers=local,
+            rope_theta_local=local_base,
+            attn_scale=1.0 / math.sqrt(head_dim),
+            attn_softcap=float(self.get(p + "attn_logit_softcapping", 0.0) or 0.0),
+            final_softcap=float(self.get(p + "final_logit_softcapping", 0.0) or 0.0),
+            embed_scale=embed_scale,
         )
+        if int(self.get(p + "attention.value_length", head_dim)) != head_dim:
+            raise ModelLoadError("attention value length differs from key length (not "
+                                 "supported)", model=str(self.path))
         if hp.rope_dim != hp.head_dim:
             raise ModelLoadError(f"partial rotary embedding (rope dim {hp.rope_dim} of head dim "
                                  f"{hp.head_dim}) is not supported", model=str(self.path))

@@ -47,8 +47,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .._errors import ModelLoadError
-from ._gguf import (FLOAT_TYPES, QK, QUANTIZED_TYPES, GGUFFile, LlamaHParams, QuantizedRows,
-                    open_gguf, unpermute_rope_rows)
+from ._gguf import (FLOAT_TYPES, PERMUTED_ROPE_ARCHS, QK, QUANTIZED_TYPES, GGUFFile,
+                    LlamaHParams, QuantizedRows, open_gguf, unpermute_rope_rows)
 
 __all__ = ["BUILDER_VERSION", "OPSET", "MS_OPSET", "GraphWriter", "build_onnx", "emit_matmul_nbits",
            "io_names", "nbits_parts"]
@@ -230,6 +230,8 @@ class _LlamaBuilder:
         self.max_position = max_position
         self.accuracy_level = accuracy_level
         self._embed_q8: tuple[str, str] | None = None  # (uint8 blocks, scales) shared w/ lm_head
+        #: stack Q, K, V into one projection when they share a type
+        self.pack_qkv = True
 
     # -- weights ------------------------------------------------------------
     def _check_shape(self, tensor: str, expected: tuple[int, int]) -> None:
@@ -264,36 +266,68 @@ class _LlamaBuilder:
             qr = qr.take_rows(row_order)
         return self._matmul_nbits(x, key, qr, out)
 
-    def qkv(self, h: str, blk: str, pre: str, q_order: np.ndarray,
-            k_order: np.ndarray) -> list[str]:
+    def qkv(self, h: str, blk: str, pre: str, q_order: np.ndarray | None,
+            k_order: np.ndarray | None) -> list[str]:
         """GroupQueryAttention's first three inputs. When Q, K and V share one
-        quantization type: one ``MatMulNBits`` over their rows stacked
-        (``qkv_proj``, N = (heads + 2 * kv_heads) * head_dim) feeding the op's
-        packed-QKV form, ``[qkv, "", ""]``, as onnxruntime-genai packs them: one
-        weight pass and one kernel call instead of three. Else three projections."""
-        hp = self.hp
+        quantization type (or come as one fused ``attn_qkv`` tensor, phi3): one
+        projection over their rows stacked (``qkv_proj``, N = (heads + 2 *
+        kv_heads) * head_dim) feeding the op's packed-QKV form, ``[qkv, "",
+        ""]``, as onnxruntime-genai packs them: one weight pass and one kernel
+        call instead of three. Else three projections. Biases (qwen2:
+        ``attn_{q,k,v}.bias``) are added after the projection."""
+        hp, g = self.hp, self.g
         kv = hp.n_head_kv * hp.head_dim
+        width = (hp.n_head + 2 * hp.n_head_kv) * hp.head_dim
+        if self.gguf.has_tensor(blk + "attn_qkv.weight"):
+            qkv = self.linear(h, blk + "attn_qkv.weight", pre + ".attn.qkv_proj",
+                              (width, hp.hidden))
+            if self.gguf.has_tensor(blk + "attn_qkv.bias"):
+                qkv = g.node("Add", [qkv, self.vector(blk + "attn_qkv.bias", pre + ".attn.qkv_proj.bias",
+                                                      width)], name=pre + "/attn/qkv_bias")[0]
+            return [qkv, "", ""]
         specs = [(blk + "attn_q.weight", pre + ".attn.q_proj", (hp.n_head * hp.head_dim, hp.hidden),
                   q_order),
                  (blk + "attn_k.weight", pre + ".attn.k_proj", (kv, hp.hidden), k_order),
                  (blk + "attn_v.weight", pre + ".attn.v_proj", (kv, hp.hidden), None)]
+        biases = [t.replace(".weight", ".bias") for t, _, _, _ in specs]
+        has_bias = [self.gguf.has_tensor(b) for b in biases]
         kinds = {self.gguf.tensor_type(t) for t, _, _, _ in specs}
-        if len(kinds) == 1 and kinds <= set(QUANTIZED_TYPES):
+        if self.pack_qkv and len(kinds) == 1 and kinds <= set(QUANTIZED_TYPES):
             parts = []
             for tensor, _, shape, order in specs:
                 self._check_shape(tensor, shape)
                 qr = self.gguf.quantized(tensor)
                 parts.append(qr if order is None else qr.take_rows(order))
-            stacked = QuantizedRows.stack(parts)
-            return [self._matmul_nbits(h, pre + ".attn.qkv_proj", stacked, None), "", ""]
-        return [self.linear(h, tensor, key, shape, order) for tensor, key, shape, order in specs]
+            out = self._matmul_nbits(h, pre + ".attn.qkv_proj", QuantizedRows.stack(parts), None)
+            if any(has_bias):
+                vec = np.concatenate([
+                    self._vector_array(b, shape[0], order) if hb else np.zeros(shape[0], np.float32)
+                    for b, hb, (_, _, shape, order) in zip(biases, has_bias, specs)])
+                out = g.node("Add", [out, g.const(pre + ".attn.qkv_proj.bias", vec)],
+                             name=pre + "/attn/qkv_bias")[0]
+            return [out, "", ""]
+        outs = []
+        for (tensor, key, shape, order), b, hb in zip(specs, biases, has_bias):
+            y = self.linear(h, tensor, key, shape, order)
+            if hb:
+                y = g.node("Add", [y, g.const(key + ".bias", self._vector_array(b, shape[0], order))],
+                           name=key + "/bias")[0]
+            outs.append(y)
+        return outs
 
-    def norm_weight(self, tensor: str, key: str) -> str:
+    def _vector_array(self, tensor: str, n: int, order: np.ndarray | None = None) -> np.ndarray:
         w = self.gguf.float_tensor(tensor)
-        if w.shape != (self.hp.hidden,):
-            raise ModelLoadError(f"tensor {tensor!r} has shape {w.shape}, expected "
-                                 f"({self.hp.hidden},)", model=str(self.gguf.path))
-        return self.g.const(key, w.astype(np.float32))
+        if w.shape != (n,):
+            raise ModelLoadError(f"tensor {tensor!r} has shape {w.shape}, expected ({n},)",
+                                 model=str(self.gguf.path))
+        return (w if order is None else w[order]).astype(np.float32)
+
+    def vector(self, tensor: str, key: str, n: int) -> str:
+        """A float vector initializer (norm weights, biases) checked to be ``(n,)``."""
+        return self.g.const(key, self._vector_array(tensor, n))
+
+    def norm_weight(self, tensor: str, key: str, n: int | None = None) -> str:
+        return self.vector(tensor, key, n or self.hp.hidden)
 
     # -- graph pieces -------------------------------------------------------
     def embedding(self, ids: str) -> str:
@@ -323,23 +357,75 @@ class _LlamaBuilder:
         w = g.const("model.embed_tokens.weight", table.astype(np.float32))
         return g.node("Gather", [w, ids], name="embed/gather")[0]
 
-    def lm_head(self, x: str) -> str:
+    def lm_head(self, x: str, out: str = "logits") -> str:
         hp, g = self.hp, self.g
         if self.gguf.has_tensor("output.weight"):
-            return self.linear(x, "output.weight", "lm_head", (hp.vocab, hp.hidden), out="logits")
+            return self.linear(x, "output.weight", "lm_head", (hp.vocab, hp.hidden), out=out)
         if self._embed_q8 is not None:  # tied: reuse the embedding's 8-bit blocks
             b, s, z = self._embed_q8
             return g.node("MatMulNBits", [x, b, s, z], domain=MS, name="lm_head/MatMulNBits",
-                          outputs=["logits"], K=hp.hidden, N=hp.vocab, bits=8,
+                          outputs=[out], K=hp.hidden, N=hp.vocab, bits=8,
                           block_size=QK, accuracy_level=self.accuracy_level)[0]
-        return self.linear(x, "token_embd.weight", "lm_head", (hp.vocab, hp.hidden), out="logits")
+        return self.linear(x, "token_embd.weight", "lm_head", (hp.vocab, hp.hidden), out=out)
 
-    def rope_caches(self) -> tuple[str, str]:
+    def rope_caches(self, base: float, suffix: str = "") -> tuple[str, str]:
+        """cos/sin caches ``(max_position, head_dim / 2)`` float32 for RoPE base ``base``."""
         hp = self.hp
-        inv = 1.0 / (hp.rope_theta ** (np.arange(0, hp.head_dim, 2, dtype=np.float64) / hp.head_dim))
+        inv = 1.0 / (base ** (np.arange(0, hp.head_dim, 2, dtype=np.float64) / hp.head_dim))
         ang = np.arange(self.max_position, dtype=np.float64)[:, None] * inv[None, :]
-        return (self.g.const("cos_cache", np.cos(ang).astype(np.float32)),
-                self.g.const("sin_cache", np.sin(ang).astype(np.float32)))
+        return (self.g.const("cos_cache" + suffix, np.cos(ang).astype(np.float32)),
+                self.g.const("sin_cache" + suffix, np.sin(ang).astype(np.float32)))
+
+    def head_norm(self, x: str, n_heads: int, tensor: str, key: str) -> str:
+        """RMS norm of each head of ``x`` (B, S, n_heads * head_dim) with a
+        ``(head_dim,)`` weight (gemma3's q/k norms)."""
+        hp, g = self.hp, self.g
+        split = g.const(key + ".heads_shape", np.array([0, 0, n_heads, hp.head_dim], np.int64))
+        flat = g.const(key + ".flat_shape", np.array([0, 0, n_heads * hp.head_dim], np.int64))
+        y = g.node("Reshape", [x, split], name=key + "/split_heads")[0]
+        y = g.node("SimplifiedLayerNormalization", [y, self.norm_weight(tensor, key + ".weight",
+                                                                       hp.head_dim)],
+                   name=key + "/norm", axis=-1, epsilon=hp.rms_eps, stash_type=1)[0]
+        return g.node("Reshape", [y, flat], name=key + "/merge_heads")[0]
+
+    def plain_norm(self, x: str, tensor: str, key: str) -> str:
+        return self.g.node("SimplifiedLayerNormalization", [x, self.norm_weight(tensor, key)],
+                           name=key.rsplit(".weight", 1)[0], axis=-1, epsilon=self.hp.rms_eps,
+                           stash_type=1)[0]
+
+    def mlp(self, h: str, blk: str, pre: str) -> str:
+        """The gated MLP: SiLU (llama, qwen2, phi3 with a fused ``ffn_up`` of
+        gate then up rows) or GELU-tanh (gemma3)."""
+        hp, g = self.hp, self.g
+        if not self.gguf.has_tensor(blk + "ffn_gate.weight"):  # phi3: ffn_up = [gate; up]
+            self._check_shape(blk + "ffn_up.weight", (2 * hp.ffn, hp.hidden))
+            qr = None if self.gguf.tensor_type(blk + "ffn_up.weight") in FLOAT_TYPES else \
+                self.gguf.quantized(blk + "ffn_up.weight")
+            if qr is None:
+                w = self.gguf.float_tensor(blk + "ffn_up.weight")
+                gate = g.node("MatMul", [h, g.const(pre + ".mlp.gate_proj.weight",
+                                                    np.ascontiguousarray(w[:hp.ffn].T))],
+                              name=pre + ".mlp.gate_proj/MatMul")[0]
+                up = g.node("MatMul", [h, g.const(pre + ".mlp.up_proj.weight",
+                                                  np.ascontiguousarray(w[hp.ffn:].T))],
+                            name=pre + ".mlp.up_proj/MatMul")[0]
+            else:
+                gate = self._matmul_nbits(h, pre + ".mlp.gate_proj",
+                                          qr.take_rows(np.arange(hp.ffn)), None)
+                up = self._matmul_nbits(h, pre + ".mlp.up_proj",
+                                        qr.take_rows(np.arange(hp.ffn, 2 * hp.ffn)), None)
+        else:
+            gate = self.linear(h, blk + "ffn_gate.weight", pre + ".mlp.gate_proj",
+                               (hp.ffn, hp.hidden))
+            up = self.linear(h, blk + "ffn_up.weight", pre + ".mlp.up_proj", (hp.ffn, hp.hidden))
+        if hp.arch == "gemma3":
+            act = g.node("Gelu", [gate], name=pre + "/mlp/act/Gelu", approximate="tanh")[0]
+        else:
+            sig = g.node("Sigmoid", [gate], name=pre + "/mlp/act/Sigmoid")[0]
+            act = g.node("Mul", [gate, sig], name=pre + "/mlp/act/Mul")[0]
+        act = g.node("Mul", [act, up], name=pre + "/mlp/Mul")[0]
+        return self.linear(act, blk + "ffn_down.weight", pre + ".mlp.down_proj",
+                           (hp.hidden, hp.ffn))
 
     def build(self, progress: Any) -> onnx.ModelProto:
         hp, g = self.hp, self.g
@@ -363,16 +449,31 @@ class _LlamaBuilder:
         total = g.node("Gather", [mshape, g.const("const.idx1", np.array(1, np.int64))],
                        name="mask/gather_total", axis=0)[0]
         total_len = g.node("Cast", [total], name="mask/total_seq_len", to=TensorProto.INT32)[0]
-        cos, sin = self.rope_caches()
+        caches = {False: self.rope_caches(hp.rope_theta)}
+        if any(hp.local_layers) and hp.rope_theta_local != hp.rope_theta:
+            caches[True] = self.rope_caches(hp.rope_theta_local, "_local")
+        else:
+            caches[True] = caches[False]
+        gemma = hp.arch == "gemma3"
+        # per-head q/k norms sit between the projections and attention: no packed QKV
+        self.pack_qkv = not self.gguf.has_tensor("blk.0.attn_q_norm.weight")
+        if hp.arch == "phi3" and self.gguf.has_tensor("rope_factors_long.weight"):
+            raise ModelLoadError("phi3 LongRoPE (rope_factors_long) is not supported",
+                                 model=str(self.gguf.path))
 
         x = self.embedding("input_ids")
+        if hp.embed_scale != 1.0:
+            x = g.node("Mul", [x, g.const("const.embed_scale", np.array(hp.embed_scale,
+                                                                          np.float32))],
+                       name="embed/scale_sqrt_hidden")[0]
         progress.update(1)
         residual = x
         h = g.node("SimplifiedLayerNormalization", [x, self.norm_weight(
             "blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight")],
             name="layers.0/input_layernorm", axis=-1, epsilon=hp.rms_eps, stash_type=1)[0]
-        q_order = unpermute_rope_rows(hp.n_head * hp.head_dim, hp.n_head)
-        k_order = unpermute_rope_rows(kv, hp.n_head_kv)
+        permuted = hp.arch in PERMUTED_ROPE_ARCHS
+        q_order = unpermute_rope_rows(hp.n_head * hp.head_dim, hp.n_head) if permuted else None
+        k_order = unpermute_rope_rows(kv, hp.n_head_kv) if permuted else None
         for i in range(hp.n_layer):
             blk, pre = f"blk.{i}.", f"model.layers.{i}"
             past_k, past_v = names["past_key"] % i, names["past_value"] % i
@@ -386,26 +487,38 @@ class _LlamaBuilder:
                     nm, TensorProto.FLOAT,
                     ["batch_size", hp.n_head_kv, "total_sequence_length", hp.head_dim]))
             qkv = self.qkv(h, blk, pre, q_order, k_order)
+            if self.gguf.has_tensor(blk + "attn_q_norm.weight"):  # gemma3: per-head q/k RMS norms
+                qkv[0] = self.head_norm(qkv[0], hp.n_head, blk + "attn_q_norm.weight",
+                                        pre + ".attn.q_norm")
+                qkv[1] = self.head_norm(qkv[1], hp.n_head_kv, blk + "attn_k_norm.weight",
+                                        pre + ".attn.k_norm")
+            local = hp.local_layers[i]
+            cos, sin = caches[local]
+            extra: dict[str, Any] = {}
+            if local and hp.sliding_window:
+                extra["local_window_size"] = hp.sliding_window
+            if hp.attn_softcap:
+                extra["softcap"] = hp.attn_softcap
             attn = g.node("GroupQueryAttention",
                           [*qkv, past_k, past_v, seqlens_k, total_len, cos, sin],
                           domain=MS, name=pre + "/attn/GroupQueryAttention",
                           outputs=[pre + "/attn/out", pres_k, pres_v],
                           num_heads=hp.n_head, kv_num_heads=hp.n_head_kv, do_rotary=1,
-                          rotary_interleaved=0, scale=1.0 / math.sqrt(hp.head_dim))[0]
+                          rotary_interleaved=0, scale=hp.attn_scale, **extra)[0]
             o = self.linear(attn, blk + "attn_output.weight", pre + ".attn.o_proj",
                             (hp.hidden, hp.n_head * hp.head_dim))
+            if gemma:  # sandwich norm: normalize the attention output before the residual add
+                o = self.plain_norm(o, blk + "post_attention_norm.weight",
+                                    pre + ".post_attention_norm.weight")
             h, _, _, residual = g.node(
                 "SkipSimplifiedLayerNormalization",
                 [o, residual, self.norm_weight(blk + "ffn_norm.weight",
                                                pre + ".post_attention_layernorm.weight")],
                 4, domain=MS, name=pre + "/post_attention_layernorm", epsilon=hp.rms_eps)
-            gate = self.linear(h, blk + "ffn_gate.weight", pre + ".mlp.gate_proj", (hp.ffn, hp.hidden))
-            up = self.linear(h, blk + "ffn_up.weight", pre + ".mlp.up_proj", (hp.ffn, hp.hidden))
-            sig = g.node("Sigmoid", [gate], name=pre + "/mlp/act/Sigmoid")[0]
-            act = g.node("Mul", [gate, sig], name=pre + "/mlp/act/Mul")[0]
-            act = g.node("Mul", [act, up], name=pre + "/mlp/Mul")[0]
-            down = self.linear(act, blk + "ffn_down.weight", pre + ".mlp.down_proj",
-                               (hp.hidden, hp.ffn))
+            down = self.mlp(h, blk, pre)
+            if gemma:
+                down = self.plain_norm(down, blk + "post_ffw_norm.weight",
+                                       pre + ".post_feedforward_norm.weight")
             if i + 1 < hp.n_layer:
                 gamma = self.norm_weight(f"blk.{i + 1}.attn_norm.weight",
                                          f"model.layers.{i + 1}.input_layernorm.weight")
@@ -416,7 +529,14 @@ class _LlamaBuilder:
             h, _, _, residual = g.node("SkipSimplifiedLayerNormalization", [down, residual, gamma],
                                        4, domain=MS, name=nm, epsilon=hp.rms_eps)
             progress.update(1)
-        self.lm_head(h)
+        if hp.final_softcap:
+            raw = self.lm_head(h, out="logits_raw")
+            c = g.const("const.final_softcap", np.array(hp.final_softcap, np.float32))
+            y = g.node("Div", [raw, c], name="logits/softcap_div")[0]
+            y = g.node("Tanh", [y], name="logits/softcap_tanh")[0]
+            g.node("Mul", [y, c], name="logits/softcap_mul", outputs=["logits"])
+        else:
+            self.lm_head(h)
         progress.update(1)
 
         graph = helper.make_graph(g.nodes, "actorrt_llama", inputs, outputs, g.initializers)

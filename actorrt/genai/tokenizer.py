@@ -1,4 +1,13 @@
-"""Byte-level BPE tokenizer built from a GGUF's vocabulary, as llama.cpp runs it.
+"""GGUF tokenizers as llama.cpp runs them: byte-level BPE (``gpt2``) and
+SentencePiece-style BPE with byte fallback (``llama``: Llama 2, Mistral, Gemma).
+
+``llama`` (llama.cpp's ``llm_tokenizer_spm``): spaces become ``▁`` (a ``▁``
+prepended when ``tokenizer.ggml.add_space_prefix``), then adjacent pieces merge,
+highest ``tokenizer.ggml.scores`` of the merged token first, and characters no
+token holds become ``<0xXX>`` byte tokens. Here that is a ``tokenizers`` BPE
+model whose merges are every (left, right) split of a normal token into two
+tokens, ranked by the merged token's score (:func:`spm_merges`), with
+``byte_fallback``.
 
 The GGUF holds ``tokenizer.ggml.tokens`` (byte-level strings, GPT-2's
 byte-to-unicode alphabet), ``tokenizer.ggml.merges`` (``"a b"`` by rank),
@@ -27,7 +36,8 @@ from typing import Any
 
 from .._errors import InvalidArgumentError, ModelLoadError
 
-__all__ = ["Tokenizer", "load_tokenizer", "build_hf_tokenizer", "bytes_to_unicode",
+__all__ = ["Tokenizer", "load_tokenizer", "build_hf_tokenizer", "build_spm_tokenizer",
+           "spm_merges", "bytes_to_unicode",
            "gguf_tokenizer_info", "normalize_chat_messages", "PRE_TOKENIZER_REGEXES",
            "EOG_TOKEN_TEXTS", "CHAT_ROLES"]
 
@@ -190,6 +200,63 @@ def build_hf_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types
     return tok
 
 
+def spm_merges(tokens: Sequence[str], scores: Sequence[float],
+               token_types: Sequence[int]) -> list[tuple[str, str]]:
+    """BPE merges equivalent to llama.cpp's SPM merging: for each normal token
+    (type 1) every split into two tokens of the vocabulary, ordered by the
+    merged token's score, highest first (ties: lower token id, then shorter
+    left part)."""
+    vocab = {t: i for i, t in enumerate(tokens) if token_types[i] in (1, 6)}
+    ranked = []
+    for i, t in enumerate(tokens):
+        if token_types[i] != 1 or len(t) < 2:
+            continue
+        for cut in range(1, len(t)):
+            left, right = t[:cut], t[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-float(scores[i]), i, cut, left, right))
+    ranked.sort()
+    return [(left, right) for _, _, _, left, right in ranked]
+
+
+def build_spm_tokenizer(tokens: Sequence[str], scores: Sequence[float],
+                        token_types: Sequence[int], add_space_prefix: bool,
+                        unk_id: int | None = None) -> Any:
+    """Builds a ``tokenizers.Tokenizer`` equivalent to llama.cpp's SPM tokenizer
+    (GGUF ``tokenizer.ggml.model == "llama"``).
+
+    Args:
+        tokens / scores / token_types: the GGUF's ``tokenizer.ggml.*`` arrays.
+        add_space_prefix: ``tokenizer.ggml.add_space_prefix`` (a ``▁`` before the text).
+        unk_id: ``tokenizer.ggml.unknown_token_id``.
+
+    Returns:
+        The ``tokenizers.Tokenizer``.
+    """
+    from tokenizers import AddedToken, decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=spm_merges(tokens, scores, token_types),
+                                 unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Replace(" ", "▁")]
+    if add_space_prefix:
+        steps.insert(0, normalizers.Prepend("▁"))
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    control = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, token_types) if ty == _TOKEN_CONTROL]
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, token_types) if ty == _TOKEN_USER_DEFINED]
+    tok.add_special_tokens(control)
+    tok.add_tokens(user)
+    return tok
+
+
 class Tokenizer:
     """Text <-> token ids for a GGUF-derived model.
 
@@ -205,9 +272,11 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer: Any, *, eos_token_ids: Iterable[int],
                  bos_token_id: int | None = None, chat_template: str | None = None,
-                 add_bos: bool = False):
+                 add_bos: bool = False, model: str = "gpt2"):
         from tokenizers import Tokenizer as HFTokenizer
 
+        #: the GGUF tokenizer model: ``"gpt2"`` (byte-level) or ``"llama"`` (SPM)
+        self.model = model
         self._tok = hf_tokenizer
         # a twin that reads control-token text as plain text (parse_special=False);
         # two objects rather than toggling one keeps encode() thread-safe
@@ -233,10 +302,18 @@ class Tokenizer:
 
         g = gguf if isinstance(gguf, GGUFFile) else open_gguf(gguf)
         info = gguf_tokenizer_info(g)
-        hf = build_hf_tokenizer(g.require("tokenizer.ggml.tokens"),
-                                g.require("tokenizer.ggml.merges"), g.token_types(), info["pre"])
+        if info["model"] == "llama":
+            unk = g.get("tokenizer.ggml.unknown_token_id")
+            hf = build_spm_tokenizer(g.require("tokenizer.ggml.tokens"),
+                                     g.require("tokenizer.ggml.scores"), g.token_types(),
+                                     info["add_space_prefix"], None if unk is None else int(unk))
+        else:
+            hf = build_hf_tokenizer(g.require("tokenizer.ggml.tokens"),
+                                    g.require("tokenizer.ggml.merges"), g.token_types(),
+                                    info["pre"])
         return cls(hf, eos_token_ids=info["eos_token_ids"], bos_token_id=info["bos_token_id"],
-                   chat_template=info["chat_template"], add_bos=info["add_bos"])
+                   chat_template=info["chat_template"], add_bos=info["add_bos"],
+                   model=info["model"])
 
     @classmethod
     def from_model_dir(cls, folder: str | Path) -> Tokenizer:
@@ -256,7 +333,8 @@ class Tokenizer:
                                  model=str(folder)) from exc
         tk = cfg.get("tokenizer", {})
         return cls(hf, eos_token_ids=cfg["eos_token_ids"], bos_token_id=cfg.get("bos_token_id"),
-                   chat_template=cfg.get("chat_template"), add_bos=tk.get("add_bos", False))
+                   chat_template=cfg.get("chat_template"), add_bos=tk.get("add_bos", False),
+                   model=tk.get("model", "gpt2"))
 
     def save(self, path: str | Path) -> None:
         """Writes the ``tokenizers`` JSON (``tokenizer.json``)."""
@@ -329,8 +407,14 @@ class Tokenizer:
         special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         vocab = self._tok.get_vocab(with_added_tokens=True)
         table: list[bytes] = [b""] * (max(vocab.values()) + 1)
+        spm = self.model == "llama"
         for text, i in vocab.items():
-            if text in added:
+            if spm and text not in added:
+                if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                    table[i] = bytes([int(text[3:5], 16)])
+                else:
+                    table[i] = text.replace("▁", " ").encode("utf-8")
+            elif text in added:
                 table[i] = text.encode("utf-8")
             else:
                 try:
@@ -478,7 +562,8 @@ class Tokenizer:
 
 
 def gguf_tokenizer_info(g: Any) -> dict[str, Any]:
-    """Tokenizer settings of a GGUF: ``pre``, ``eos_token_ids``, ``bos_token_id``,
+    """Tokenizer settings of a GGUF: ``model`` (``"gpt2"`` / ``"llama"``),
+    ``add_space_prefix``, ``pre``, ``eos_token_ids``, ``bos_token_id``,
     ``add_bos``, ``chat_template``.
 
     ``eos_token_ids`` is the GGUF's EOS id followed by the other control tokens
@@ -488,9 +573,13 @@ def gguf_tokenizer_info(g: Any) -> dict[str, Any]:
         ModelLoadError: the tokenizer model is not ``"gpt2"`` (byte-level BPE).
     """
     model = g.require("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelLoadError(f"unsupported GGUF tokenizer model {model!r} (only byte-level "
-                             f"BPE, 'gpt2', is supported)", model=str(g.path))
+    if model not in ("gpt2", "llama"):
+        raise ModelLoadError(f"unsupported GGUF tokenizer model {model!r} (supported: 'gpt2', "
+                             f"byte-level BPE, and 'llama', SentencePiece-style BPE)",
+                             model=str(g.path))
+    if model == "llama" and not g.has("tokenizer.ggml.scores"):
+        raise ModelLoadError("GGUF tokenizer model 'llama' without tokenizer.ggml.scores",
+                             model=str(g.path))
     tokens = g.require("tokenizer.ggml.tokens")
     types = g.token_types()
     eos = g.get("tokenizer.ggml.eos_token_id")
@@ -503,6 +592,8 @@ def gguf_tokenizer_info(g: Any) -> dict[str, Any]:
             eos_ids.append(i)
     bos = g.get("tokenizer.ggml.bos_token_id")
     return {
+        "model": model,
+        "add_space_prefix": bool(g.get("tokenizer.ggml.add_space_prefix", True)),
         "pre": g.get("tokenizer.ggml.pre", "gpt-2"),
         "eos_token_ids": eos_ids,
         "bos_token_id": None if bos is None else int(bos),

@@ -34,7 +34,7 @@ QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
-def raw_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+def raw_tensor(kind: str, rows: int, cols: int, seed: int = 0, d_max: float = 0.02) -> np.ndarray:
     """(rows, cols // block * bytes) uint8 blocks of GGML type ``kind``."""
     rng = np.random.default_rng(seed)
     if kind in QUANTIZABLE:
@@ -42,7 +42,7 @@ def raw_tensor(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     per, nbytes = SIZES[Q[kind]]
     raw = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
     for off in F16_FIELDS[kind]:
-        d = (rng.random((rows, cols // per)) * 0.02 + 1e-4).astype(np.float16)
+        d = (rng.random((rows, cols // per)) * d_max + 1e-4).astype(np.float16)
         d[0, 0] = 0  # a zero scale (and a zero dmin for the K types with one)
         raw[..., off:off + 2] = d[..., None].view(np.uint8).reshape(rows, cols // per, 2)
     return raw.reshape(rows, -1)

@@ -54,10 +54,13 @@ class CPUExecutionProvider(ExecutionProvider):
         head that follows them), and the graph's input prologue (:mod:`.llm._prologue`: attention-mask lengths,
         block-quantized embedding)."""
         from .llm import _fusion, _prologue
+        #: (attention node, reason) of each decoder block the last plan left unfused
+        self.fusion_declines: list[tuple[str, str]] = []
         mine = [st for st in steps if st.provider is self]
         if len(mine) < 8:
             return steps, []
-        steps, fusions = _fusion.fuse_decoder_blocks(steps, protected, consts, make_step, self)
+        steps, fusions = _fusion.fuse_decoder_blocks(steps, protected, consts, make_step, self,
+                                                     self.fusion_declines)
         if _prologue.FUSE_PROLOGUE:
             steps, prologue = _prologue.fuse_prologue(steps, protected, consts, make_step, self)
             fusions = fusions + prologue

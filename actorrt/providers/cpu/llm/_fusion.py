@@ -683,61 +683,68 @@ def _skip_norm(g: StepGraph, step: Any, x: int) -> tuple[int, np.ndarray, float]
     return skip, np.ascontiguousarray(gamma), float(step.node.attr("epsilon", 1e-12))
 
 
-def _match(g: StepGraph, gqa: Any) -> dict | None:
-    """The decoder block around one GroupQueryAttention step, or None."""
+def _declined(why: list | None, reason: str) -> None:
+    if why is not None:
+        why.append(reason)
+    return None
+
+
+def _match(g: StepGraph, gqa: Any, why: list | None = None) -> dict | None:
+    """The decoder block around one GroupQueryAttention step, or None (then
+    ``why``, when given, gets the reason appended)."""
     prep = gqa.kernel.fast_path() if hasattr(gqa.kernel, "fast_path") else None
     ins = gqa.inputs
     if prep is None or len(ins) < 7 or any(i >= 0 for i in ins[9:]) or gqa.outer:
-        return None
+        return _declined(why, 'attention kernel has no compiled path (softcap, smooth softmax or no numba) or extra inputs')
     if any(i < 0 for i in ins[3:7]) or (gqa.kernel.do_rotary and (len(ins) < 9 or ins[7] < 0
                                                                   or ins[8] < 0)):
-        return None
+        return _declined(why, 'attention inputs (past, lengths or rotary caches) missing')
     packed = ins[1] < 0 and ins[2] < 0
     projections = [ins[0]] if packed else list(ins[:3])
     if any(i < 0 for i in projections):
-        return None
+        return _declined(why, 'attention query/key/value missing')
     qkv = [g.producer.get(i) for i in projections]
     if any(p is None or not _is(p, "MatMulNBits") or g.only_reader(p.outputs[0]) is not gqa
            for p in qkv):
-        return None
+        return _declined(why, 'q/k/v are not MatMulNBits outputs read only by attention (biases or q/k norms between)')
     h = qkv[0].inputs[0]
     if any(p.inputs[0] != h for p in qkv):
-        return None
+        return _declined(why, 'q, k and v are projections of different inputs')
     attn, present_k, present_v = (list(gqa.outputs) + [-1, -1])[:3]
     o_proj = g.only_reader(attn)
     if o_proj is None or not _is(o_proj, "MatMulNBits") or o_proj.inputs[0] != attn:
-        return None
+        return _declined(why, 'attention output is not read only by a MatMulNBits o_proj')
     norm2 = g.only_reader(o_proj.outputs[0])
     n2 = _skip_norm(g, norm2, o_proj.outputs[0])
     if n2 is None:
-        return None
+        return _declined(why, 'o_proj is not followed by SkipSimplifiedLayerNormalization (e.g. a post-attention norm)')
     residual, gamma2, eps2 = n2
     h2, r2 = norm2.outputs[0], norm2.outputs[3]
     readers = g.consumers.get(h2, [])
     if h2 in g.protected or len(readers) != 2 or not all(_is(r, "MatMulNBits") for r in readers):
-        return None
+        return _declined(why, 'the post-attention norm is not read by exactly two MatMulNBits (gate, up)')
     mlp = _silu_mlp(g, readers)
     if mlp is None:
-        return None
+        return _declined(why, 'the MLP is not SiLU-gated (x * Sigmoid(x) * up)')
     gate, up, steps_mlp, act = mlp
     down = g.only_reader(act)
     if down is None or not _is(down, "MatMulNBits") or down.inputs[0] != act:
-        return None
+        return _declined(why, 'the MLP product is not read only by a MatMulNBits down projection')
     norm3 = g.only_reader(down.outputs[0])
     n3 = _skip_norm(g, norm3, down.outputs[0])
     if n3 is None or n3[0] != r2 or g.only_reader(r2) is not norm3:
-        return None
+        return _declined(why, 'down_proj is not followed by the next SkipSimplifiedLayerNormalization (e.g. a post-FFN norm)')
     _, gamma3, eps3 = n3
     mats = [*qkv, o_proj, gate, up, down]
     layouts = [_layout(m.kernel) for m in mats]
     if any(lay is None for lay in layouts) or len({lay[0] for lay in layouts}) != 1:
-        return None
+        return _declined(why, "the projections' weights differ in prepacked layout (bit width / block size / int8 path)")
     variant = layouts[0][0]
     if variant not in _BLOCKS:
-        return None
+        return _declined(why, "no compiled block for the projections' layout")
     steps = [*qkv, gqa, o_proj, norm2, gate, up, *steps_mlp, down, norm3]
     if len({st.provider for st in steps}) != 1 or any(st.outer for st in steps):
-        return None
+        return _declined(why, 'the block spans several providers or reads outer-scope values')
     return dict(steps=steps, packed=packed, hidden=qkv[0].kernel.k, variant=variant,
                 weights=[lay[1] for lay in layouts],
                 blocks=sum(m.kernel.n * m.kernel.k for m in mats) // 32, prep=prep,
@@ -1234,8 +1241,8 @@ def _stack_step(run: list, head: Any, head_consts: tuple, select: Any,
 
 
 def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any],
-                        make_step: Callable[..., Any], provider: Any
-                        ) -> tuple[list, list[tuple[str, tuple]]]:
+                        make_step: Callable[..., Any], provider: Any,
+                        declined: list | None = None) -> tuple[list, list[tuple[str, tuple]]]:
     """Replace every matching decoder block of ``steps`` (see the module
     docstring) by one :class:`DecoderBlock` step.
 
@@ -1246,6 +1253,10 @@ def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any]
         make_step: ``make_step(node, provider, kernel, inputs, outputs, cost)``
             builds a plan step.
         provider: only blocks whose every node runs on this provider fuse.
+        declined: when given, gets ``(GroupQueryAttention node name, reason)``
+            for each attention of this provider whose block is not fused
+            (another architecture's block: q/k norms, sandwich norms, a GELU
+            MLP, biases...), left to the unfused kernels.
 
     Returns:
         ``(steps, fusions)``: the new step list in topological order and, per
@@ -1258,10 +1269,15 @@ def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any]
     taken: set[int] = set()
     groups = []
     for st in steps:
-        if not _is(st, "GroupQueryAttention"):
+        if not _is(st, "GroupQueryAttention") or st.provider is not provider:
             continue
-        mt = _match(g, st) if st.provider is provider else None
-        if (mt is None or any(id(s) in taken for s in mt["steps"])
+        why: list[str] = []
+        mt = _match(g, st, why)
+        if mt is None:
+            if declined is not None:
+                declined.append((st.node.name, why[0] if why else "the pattern differs"))
+            continue
+        if (any(id(s) in taken for s in mt["steps"])
                 or g.read_early(mt["steps"], mt["outputs"], pos)):
             continue
         taken.update(id(s) for s in mt["steps"])

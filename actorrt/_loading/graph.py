@@ -99,7 +99,8 @@ class _Checker:
                 continue  # an initializer may give a graph input its default
             self._define(defined, t.name, "an initializer", where)
         for s in g.sparse_initializer:
-            self._define(defined, s.values.name, "a sparse initializer", where)
+            if defined.get(s.values.name) != "a graph input":
+                self._define(defined, s.values.name, "a sparse initializer", where)
         scope = self._nodes(g.node, defined, outer, where)
         for o in g.output:
             if not o.name:

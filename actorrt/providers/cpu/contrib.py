@@ -14,8 +14,10 @@ import math
 import ml_dtypes
 import numpy as np
 
-from .llm import _contrib_numba as _nb
+from ..._lazy import lazy_module
 from .registry import cpu_kernel
+
+_nb = lazy_module(f"{__package__}.llm._contrib_numba", globals(), "_nb")  # numba on first use
 
 MS = "com.microsoft"
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

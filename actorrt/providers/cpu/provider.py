@@ -17,6 +17,29 @@ __all__ = ["CPUExecutionProvider"]
 CPU_PROFILE = DeviceProfile(gflops=40.0, gbytes_per_s=10.0, launch_us=0.3)
 
 
+_MASK_OPS = {("", op) for op in ("ReduceSum", "Sub", "Cast", "Shape", "Gather")}
+
+
+def _may_fuse(steps) -> bool:
+    """Whether :meth:`CPUExecutionProvider.fuse_steps`' patterns can match
+    ``steps`` (a necessary condition, checked without importing them: their
+    modules import numba, which a model they cannot fuse never needs).
+    Decoder blocks (and stacks of them) start at a com.microsoft
+    GroupQueryAttention; the decode prologue (:mod:`._prologue`) is the
+    attention-mask lengths (ReduceSum, Sub, Cast, Shape, Gather) or a Gather
+    of a constant 3-D int8/uint8 block table. Keep this in step with them."""
+    ops = {(st.node.domain or "", st.node.op_type) for st in steps}
+    if ("com.microsoft", "GroupQueryAttention") in ops or _MASK_OPS <= ops:
+        return True
+    for st in steps:
+        if st.node.op_type == "Gather" and not st.node.domain:
+            table = st.node.constant_inputs.get(0)
+            if isinstance(table, np.ndarray) and table.ndim == 3 and table.dtype in (
+                    np.uint8, np.int8):
+                return True
+    return False
+
+
 class CPUExecutionProvider(ExecutionProvider):
     """Runs kernels with numpy on host memory. Buffers are numpy arrays, so
     tensors on this provider export to numpy and DLPack without a copy.
@@ -53,12 +76,12 @@ class CPUExecutionProvider(ExecutionProvider):
         steps, then runs of consecutive int8 blocks into stacks (with the LM
         head that follows them), and the graph's input prologue (:mod:`.llm._prologue`: attention-mask lengths,
         block-quantized embedding)."""
-        from .llm import _fusion, _prologue
         #: (attention node, reason) of each decoder block the last plan left unfused
         self.fusion_declines: list[tuple[str, str]] = []
         mine = [st for st in steps if st.provider is self]
-        if len(mine) < 8:
+        if len(mine) < 8 or not _may_fuse(mine):
             return steps, []
+        from .llm import _fusion, _prologue  # they import numba: only for graphs they may fuse
         steps, fusions = _fusion.fuse_decoder_blocks(steps, protected, consts, make_step, self,
                                                      self.fusion_declines)
         if _prologue.FUSE_PROLOGUE:

@@ -25,8 +25,10 @@ import numpy as np
 from .... import tracing
 
 from ..._contract import Kernel, NodeSpec, deny, require
-from . import _contrib_numba as _nb
+from ...._lazy import lazy_module
 from ..registry import cpu_kernel
+
+_nb = lazy_module(f"{__package__}._contrib_numba", globals(), "_nb")  # numba on first use
 
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 

@@ -27,9 +27,11 @@ import numpy as np
 
 from ..._contract import Kernel, NodeSpec, deny, require
 from .... import tracing
-from . import _contrib_int8 as _i8
-from . import _contrib_numba as _nb
+from ...._lazy import lazy_module
 from ..registry import cpu_kernel
+
+_nb = lazy_module(f"{__package__}._contrib_numba", globals(), "_nb")  # numba on first use
+_i8 = lazy_module(f"{__package__}._contrib_int8", globals(), "_i8")  # numba on first use
 
 MS = "com.microsoft"
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

@@ -289,7 +289,9 @@ class Session:
         through the event loop per token.
 
         ``next_feeds(outputs)`` gets the previous run's outputs (all of them,
-        in graph order; ``None`` before the first run) and returns the next
+        in graph order, owned as :meth:`run`'s are unless
+        ``SessionOptions(output_views=True)``; ``None`` before the first run)
+        and returns the next
         run's feeds, or ``None`` to stop. When every segment of the plan runs
         on one provider (and no device binding is set), the runs happen back
         to back in one of that provider's worker threads and ``next_feeds``
@@ -353,8 +355,9 @@ class Session:
     async def run_with_tensors(self, output_names: Sequence[str] | None,
                                feeds: dict[str, Any]) -> list:
         """Like :meth:`run`, but feeds may be :class:`~actorrt.Tensor` objects and
-        the outputs are Tensors that own the very buffers the kernels wrote (no
-        copy on handoff). Close them (or use ``with``) when done."""
+        the outputs are Tensors that own the buffers :meth:`run` returned (no
+        copy on handoff; an output that would alias a feed or a constant was
+        copied by :meth:`run`). Close them (or use ``with``) when done."""
         from ._tensor import Tensor
         from .providers.base import Adopt
 

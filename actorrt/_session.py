@@ -21,51 +21,14 @@ from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunS
 __all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
 
 
-def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
-    return InvalidArgumentError(f"SessionOptions.{name} is invalid", input=name,
-                                expected=expected, got=repr(value))
-
-
-def _flag(inst: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise _field_error(attribute.name, "True or False", value)
-
-
-def _count(minimum: int):
-    def check(inst: Any, attribute: Any, value: Any) -> None:
-        if value is None:
-            return
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or value < minimum:
-            raise _field_error(attribute.name, f"None or an int >= {minimum}", value)
-    return check
-
-
-def _microseconds(inst: Any, attribute: Any, value: Any) -> None:
-    import math
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-            or not math.isfinite(float(value)) or value < 0:
-        raise _field_error(attribute.name, "a finite number of µs >= 0", value)
-
-
-def _trace_level(inst: Any, attribute: Any, value: Any) -> None:
-    from .tracing import LEVELS
-    if not isinstance(value, str) or value not in LEVELS:
-        raise _field_error(attribute.name, f"one of {list(LEVELS)}", value)
-
-
-def _path(inst: Any, attribute: Any, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise _field_error(attribute.name, "None or a file path (str or os.PathLike)", value)
-
-
-def _fspath(value: Any) -> Any:
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
 @attrs.frozen
 class SessionOptions:
     """Options of a session. Every field is checked when the options are made.
+
+    Raises:
+        InvalidArgumentError: a field of the wrong type (flags must be
+            ``bool``: ``fuse_kernels="yes"`` is refused) or out of range,
+            naming the field and its allowed values.
 
     Attributes:
         workers: worker actors per provider (``None``: up to 4, one per core).
@@ -75,6 +38,12 @@ class SessionOptions:
         segment_threshold_us: branches estimated cheaper than this (µs) are not
             worth a separate segment.
         fold_constants: evaluate all-constant nodes once at load time.
+        output_views: return outputs as the kernels made them: zero-copy, but
+            an output may be a view of a feed (``Identity``, ``Reshape``,
+            ``Transpose``...), or a read-only constant shared between runs.
+            Off (the default), every returned array owns its memory and is
+            writable, as onnxruntime's (only outputs that would alias a feed,
+            a constant or another output are copied).
         trace: ``"off"``, ``"ops"`` or ``"full"`` (see :mod:`actorrt.tracing`).
         trace_path: write a Chrome/Perfetto trace JSON here when the session
             closes (also enabled by the ``ACTORRT_TRACE`` environment variable).
@@ -87,30 +56,10 @@ class SessionOptions:
             kernels (the CPU provider: one kernel per LLM decoder block, see
             ``actorrt.providers.cpu._fusion``), as onnxruntime's graph
             optimizations do; same results, fewer dispatches.
-        output_views: return outputs as the kernels made them: zero-copy, but
-            an output may be a view of a feed (``Identity``, ``Reshape``,
-            ``Transpose``...), or a read-only constant shared between runs.
-            Off (the default), every returned array owns its memory and is
-            writable, as onnxruntime's (only outputs that would alias a feed,
-            a constant or another output are copied).
-
-    Raises:
-        InvalidArgumentError: a field of the wrong type (flags must be
-            ``bool``: ``fuse_kernels="yes"`` is refused) or out of range,
-            naming the field and its allowed values.
     """
 
-    workers: int | None = attrs.field(default=None, validator=_count(1))
-    memory_limit: int | None = attrs.field(default=None, validator=_count(0))
-    parallel_execution: bool = attrs.field(default=True, validator=_flag)
-    segment_threshold_us: float = attrs.field(default=200.0, validator=_microseconds)
-    fold_constants: bool = attrs.field(default=True, validator=_flag)
-    trace: str = attrs.field(default="off", validator=_trace_level)
-    trace_path: str | None = attrs.field(default=None, converter=_fspath, validator=_path)
-    enable_fallback: bool = attrs.field(default=False, validator=_flag)
-    track_memory: bool = attrs.field(default=False, validator=_flag)
-    fuse_kernels: bool = attrs.field(default=True, validator=_flag)
-    output_views: bool = attrs.field(default=False, validator=_flag)
+    def __attrs_post_init__(self) -> None:
+        _check_fields(self)
 
     @classmethod
     def check(cls, options: Any) -> "SessionOptions":
@@ -137,6 +86,67 @@ class SessionOptions:
                                    input="options",
                                    expected=f"actorrt.SessionOptions with fields {fields}",
                                    got=type(options).__qualname__)
+
+    workers: int | None = None
+    memory_limit: int | None = None
+    parallel_execution: bool = True
+    segment_threshold_us: float = 200.0
+    fold_constants: bool = True
+    output_views: bool = False
+    trace: str = "off"
+    trace_path: str | None = None
+    enable_fallback: bool = False
+    track_memory: bool = False
+    fuse_kernels: bool = True
+
+
+def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
+    return InvalidArgumentError(f"SessionOptions.{name} is invalid", input=name,
+                                expected=expected, got=repr(value))
+
+
+def _is_flag(v: Any) -> bool:
+    return isinstance(v, (bool, np.bool_))
+
+
+def _is_count(v: Any, minimum: int) -> bool:
+    return v is None or (not _is_flag(v) and isinstance(v, (int, np.integer)) and v >= minimum)
+
+
+def _is_us(v: Any) -> bool:
+    import math
+    return (not _is_flag(v) and isinstance(v, (int, float, np.number))
+            and math.isfinite(float(v)) and v >= 0)
+
+
+def _check_fields(o: SessionOptions) -> None:
+    """Check every field of ``o`` (flags are ``bool``, counts ``int``...).
+
+    Raises:
+        InvalidArgumentError: naming the first bad field and its allowed values.
+    """
+    from .tracing import LEVELS
+
+    if isinstance(o.trace_path, os.PathLike):
+        object.__setattr__(o, "trace_path", os.fspath(o.trace_path))
+    checks = {
+        "workers": (lambda v: _is_count(v, 1), "None or an int >= 1"),
+        "memory_limit": (lambda v: _is_count(v, 0), "None or an int >= 0"),
+        "segment_threshold_us": (_is_us, "a finite number of µs >= 0"),
+        "trace": (lambda v: isinstance(v, str) and v in LEVELS, f"one of {list(LEVELS)}"),
+        "trace_path": (lambda v: v is None or isinstance(v, str),
+                       "None or a file path (str or os.PathLike)"),
+    }
+    for f in attrs.fields(type(o)):
+        value = getattr(o, f.name)
+        if f.name in checks:
+            ok, allowed = checks[f.name]
+        elif isinstance(f.default, bool):  # every flag: True or False, nothing else
+            ok, allowed = _is_flag, "True or False"
+        else:
+            continue
+        if not ok(value):
+            raise _field_error(f.name, allowed, value)
 
 
 @attrs.frozen
@@ -266,8 +276,6 @@ class Session:
         plan.bind_feeds(feeds, env, donated)
         try:
             await execute(plan, env, self._tracer)
-        except ActorRTError as e:
-            raise e.add_context(model=self.model_name)
         finally:
             if plan.tracker_release is not None:
                 plan.tracker_release(env)
@@ -331,14 +339,12 @@ class Session:
         pairs = tuple((carry or {}).items())
         if pairs:
             plan.carry_slots(pairs)  # unknown names fail here, before any run
+        if not self._output_views:  # next_feeds sees owned outputs
+            next_feeds = _owning(next_feeds, plan, frozenset(donate), pairs, self._output_index)
         providers = {seg.provider for seg in plan.segments}
         if len(providers) == 1 and not self._bindings and not plan.mixed:
             provider = providers.pop()
-            try:
-                return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate),
-                                                       pairs, own_outputs=not self._output_views))
-            except ActorRTError as e:
-                raise e.add_context(model=self.model_name)
+            return await provider.pool.ask(RunLoop(plan, next_feeds, frozenset(donate), pairs))
         outputs = None
         runs = 0
         while True:
@@ -437,6 +443,31 @@ class Session:
                 t.close()
                 t = pre
             binding._results[name] = t
+
+
+def _owning(next_feeds: Callable, plan: Plan, donated: frozenset, pairs: tuple,
+            output_index: dict) -> Callable:
+    """``next_feeds`` of :meth:`Session.run_many`, handed outputs that own
+    their memory (:func:`~actorrt._outputs.own_outputs`) rather than the run's
+    own values (which the loop keeps for ``carry``). A run's feeds, for the
+    check, are what the previous call returned plus the inputs carried from
+    the run before."""
+    last: dict = {"raw": None, "feeds": None}
+
+    def owned_next_feeds(outputs: list | None) -> dict | None:
+        shown = outputs
+        if outputs is not None:
+            feeds = last["feeds"] or {}
+            raw = last["raw"]
+            if pairs and raw is not None:
+                feeds = {**{i: raw[output_index[o]] for i, o in pairs if i not in feeds},
+                         **feeds}
+            shown = own_outputs(outputs, feeds, plan, donated)
+        nxt = next_feeds(shown)
+        last["raw"], last["feeds"] = outputs, nxt
+        return nxt
+
+    return owned_next_feeds
 
 
 async def execute(plan: Plan, env: list, tracer: Any = None) -> None:

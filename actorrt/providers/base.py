@@ -28,7 +28,6 @@ import trio
 
 from .._dtypes import storage_bytes, to_numpy_dtype
 from .._errors import InvalidArgumentError, SessionClosedError
-from .._outputs import own_outputs
 from ..actors import Actor, ActorRef, open_actors
 from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
                         ValueType, estimate_bytes)
@@ -144,16 +143,12 @@ class RunLoop:
         carry: ``(input name, output name)`` pairs: from the second run on,
             the input takes the previous run's output unless the feeds name
             it (see :meth:`actorrt.Session.run_many`).
-        own_outputs: hand ``next_feeds`` outputs that own their memory
-            (:func:`actorrt._outputs.own_outputs`), not views of feeds or
-            constants.
     """
 
     plan: Any
     next_feeds: Any
     donate: frozenset = frozenset()
     carry: tuple = ()
-    own_outputs: bool = True
 
 
 @attrs.define(eq=False)
@@ -467,7 +462,4 @@ class _Worker(Actor):
                 if plan.tracker_release is not None:
                     plan.tracker_release(env)
             outputs = plan.collect_outputs(env)
-            if message.own_outputs:
-                outputs = own_outputs(outputs, {**carried, **feeds} if carried else feeds,
-                                      plan, message.donate)
             runs += 1

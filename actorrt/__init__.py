@@ -16,7 +16,7 @@ Sync (onnxruntime-shaped)::
 
 from ._errors import (ActorRTError, GenerationError, InvalidArgumentError, KernelError,
                       ModelLoadError, OutOfMemoryError, ProviderBrokenError,
-                      SessionClosedError, UnsupportedOperatorError)
+                      ProviderUnavailableWarning, SessionClosedError, UnsupportedOperatorError)
 from ._session import NodeArg, Session, SessionOptions, open_session
 from ._sync import InferenceSession
 from ._tensor import DeviceIoBinding, IOBinding, Tensor, TransferStatistics
@@ -28,5 +28,5 @@ __all__ = [
     "ModelLoadError", "OutOfMemoryError", "ProviderBrokenError", "SessionClosedError",
     "UnsupportedOperatorError", "NodeArg", "Session", "SessionOptions", "open_session",
     "InferenceSession", "Tensor", "DeviceIoBinding", "IOBinding", "TransferStatistics",
-    "__version__",
+    "__version__", "ProviderUnavailableWarning",
 ]

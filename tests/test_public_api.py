@@ -10,7 +10,8 @@ def test_top_level_names():
         "ActorRTError", "DeviceIoBinding", "GenerationError", "IOBinding", "InferenceSession",
         "InvalidArgumentError", "KernelError", "ModelLoadError", "NodeArg", "OutOfMemoryError",
         "ProviderBrokenError", "Session", "SessionClosedError", "SessionOptions", "Tensor",
-        "TransferStatistics", "UnsupportedOperatorError", "__version__", "open_session"])
+        "TransferStatistics", "UnsupportedOperatorError", "__version__", "open_session",
+        "ProviderUnavailableWarning"])
     for name in actorrt.__all__:
         assert getattr(actorrt, name) is not None
 

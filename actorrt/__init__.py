@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from . import _lazy
 from ._errors import (ActorRTError, GenerationError, InvalidArgumentError, KernelError,
                       ModelLoadError, OutOfMemoryError, ProviderBrokenError,
-                      SessionClosedError, UnsupportedOperatorError)
+                      ProviderUnavailableWarning, SessionClosedError,
+                      UnsupportedOperatorError)
 from ._errors import RunCancelledError, SessionForkedError
 
 if TYPE_CHECKING:  # the names below are imported on first use (PEP 562)
@@ -36,7 +37,7 @@ __all__ = [
     "ModelLoadError", "OutOfMemoryError", "ProviderBrokenError", "SessionClosedError",
     "UnsupportedOperatorError", "NodeArg", "Session", "SessionOptions", "open_session",
     "InferenceSession", "Tensor", "DeviceIoBinding", "IOBinding", "TransferStatistics",
-    "__version__",
+    "__version__", "ProviderUnavailableWarning",
 ]
 __all__ += ["RunOptions", "RunCancelledError", "SessionForkedError"]
 

@@ -150,6 +150,11 @@ class ActorRTError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self)!r})"
 
+    def __reduce__(self):
+        # keyword-only arguments and late context survive pickling (a worker
+        # process handing an error back)
+        return (_rebuild_error, (type(self), self.args, dict(self.__dict__)))
+
     def add_context(self, *, model: str | None = None,
                     node: str | None = None) -> "ActorRTError":
         """Name ``model`` / ``node`` where the raiser could not (kept when
@@ -159,6 +164,13 @@ class ActorRTError(Exception):
         if self.node is None and node:
             self.node = node
         return self
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> ActorRTError:
+    e = BaseException.__new__(cls)  # MemoryError.__new__ refuses subclasses
+    e.args = args
+    e.__dict__.update(state)
+    return e
 
 
 class ModelLoadError(ActorRTError):

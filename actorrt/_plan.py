@@ -359,6 +359,8 @@ class Plan:
         if isinstance(exc, ActorRTError):
             if exc.node is None and node is not None:
                 exc.node = node.name
+            if exc.model is None:
+                exc.model = self.model_name
             return exc
         if isinstance(exc, MemoryError):
             return OutOfMemoryError(f"{node.op_type if node else 'a kernel'} could not allocate: "

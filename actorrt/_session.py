@@ -23,60 +23,14 @@ from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunS
 __all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
 
 
-def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
-    return InvalidArgumentError(f"SessionOptions.{name} is invalid", input=name,
-                                expected=expected, got=repr(value))
-
-
-def _flag(inst: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, (bool, np.bool_)):
-        raise _field_error(attribute.name, "True or False", value)
-
-
-def _count(minimum: int):
-    def check(inst: Any, attribute: Any, value: Any) -> None:
-        if value is None:
-            return
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or value < minimum:
-            raise _field_error(attribute.name, f"None or an int >= {minimum}", value)
-    return check
-
-
-def _microseconds(inst: Any, attribute: Any, value: Any) -> None:
-    import math
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)) \
-            or not math.isfinite(float(value)) or value < 0:
-        raise _field_error(attribute.name, "a finite number of µs >= 0", value)
-
-
-def _trace_level(inst: Any, attribute: Any, value: Any) -> None:
-    from .tracing import LEVELS
-    if not isinstance(value, str) or value not in LEVELS:
-        raise _field_error(attribute.name, f"one of {list(LEVELS)}", value)
-
-
-def _optimization_level(inst: Any, attribute: Any, value: Any) -> None:
-    from .optimizer import parse_level
-    try:
-        parse_level(value)
-    except ValueError:
-        raise _field_error(attribute.name, "0/1/2/99 or ORT_DISABLE_ALL, ORT_ENABLE_BASIC, "
-                           "ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL", value) from None
-
-
-def _path(inst: Any, attribute: Any, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise _field_error(attribute.name, "None or a file path (str or os.PathLike)", value)
-
-
-def _fspath(value: Any) -> Any:
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
 @attrs.frozen
 class SessionOptions:
     """Options of a session. Every field is checked when the options are made.
+
+    Raises:
+        InvalidArgumentError: a field of the wrong type (flags must be
+            ``bool``: ``fuse_kernels="yes"`` is refused) or out of range,
+            naming the field and its allowed values.
 
     Attributes:
         workers: worker actors per provider (``None``: up to 4, one per core).
@@ -115,26 +69,10 @@ class SessionOptions:
             process-wide: the setting is applied when this session's worker
             runs, so sessions with different counts switch the pool.
 
-    Raises:
-        InvalidArgumentError: a field of the wrong type (flags must be
-            ``bool``: ``fuse_kernels="yes"`` is refused) or out of range,
-            naming the field and its allowed values.
     """
 
-    workers: int | None = attrs.field(default=None, validator=_count(1))
-    memory_limit: int | None = attrs.field(default=None, validator=_count(0))
-    parallel_execution: bool = attrs.field(default=True, validator=_flag)
-    segment_threshold_us: float = attrs.field(default=200.0, validator=_microseconds)
-    fold_constants: bool = attrs.field(default=True, validator=_flag)
-    trace: str = attrs.field(default="off", validator=_trace_level)
-    trace_path: str | None = attrs.field(default=None, converter=_fspath, validator=_path)
-    enable_fallback: bool = attrs.field(default=False, validator=_flag)
-    track_memory: bool = attrs.field(default=False, validator=_flag)
-    fuse_kernels: bool = attrs.field(default=True, validator=_flag)
-    output_views: bool = attrs.field(default=False, validator=_flag)
-    graph_optimization_level: Any = attrs.field(default="ORT_ENABLE_ALL",
-                                                 validator=_optimization_level)
-    intra_op_num_threads: int | None = attrs.field(default=None, validator=_count(0))
+    def __attrs_post_init__(self) -> None:
+        _check_fields(self)
 
     @classmethod
     def check(cls, options: Any) -> "SessionOptions":
@@ -161,6 +99,81 @@ class SessionOptions:
                                    input="options",
                                    expected=f"actorrt.SessionOptions with fields {fields}",
                                    got=type(options).__qualname__)
+
+    workers: int | None = None
+    memory_limit: int | None = None
+    parallel_execution: bool = True
+    segment_threshold_us: float = 200.0
+    fold_constants: bool = True
+    output_views: bool = False
+    trace: str = "off"
+    trace_path: str | None = None
+    enable_fallback: bool = False
+    track_memory: bool = False
+    fuse_kernels: bool = True
+    graph_optimization_level: Any = "ORT_ENABLE_ALL"
+    intra_op_num_threads: int | None = None
+
+
+def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
+    return InvalidArgumentError(f"SessionOptions.{name} is invalid", input=name,
+                                expected=expected, got=repr(value))
+
+
+def _is_flag(v: Any) -> bool:
+    return isinstance(v, (bool, np.bool_))
+
+
+def _is_count(v: Any, minimum: int) -> bool:
+    return v is None or (not _is_flag(v) and isinstance(v, (int, np.integer)) and v >= minimum)
+
+
+def _is_us(v: Any) -> bool:
+    import math
+    return (not _is_flag(v) and isinstance(v, (int, float, np.number))
+            and math.isfinite(float(v)) and v >= 0)
+
+
+def _is_level(v: Any) -> bool:
+    from .optimizer import parse_level
+    try:
+        parse_level(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_fields(o: SessionOptions) -> None:
+    """Check every field of ``o`` (flags are ``bool``, counts ``int``...).
+
+    Raises:
+        InvalidArgumentError: naming the first bad field and its allowed values.
+    """
+    from .tracing import LEVELS
+
+    if isinstance(o.trace_path, os.PathLike):
+        object.__setattr__(o, "trace_path", os.fspath(o.trace_path))
+    checks = {
+        "workers": (lambda v: _is_count(v, 1), "None or an int >= 1"),
+        "memory_limit": (lambda v: _is_count(v, 0), "None or an int >= 0"),
+        "segment_threshold_us": (_is_us, "a finite number of µs >= 0"),
+        "trace": (lambda v: isinstance(v, str) and v in LEVELS, f"one of {list(LEVELS)}"),
+        "trace_path": (lambda v: v is None or isinstance(v, str),
+                       "None or a file path (str or os.PathLike)"),
+        "graph_optimization_level": (_is_level, "0/1/2/99 or ORT_DISABLE_ALL, "
+                                     "ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL"),
+        "intra_op_num_threads": (lambda v: _is_count(v, 0), "None or an int >= 0"),
+    }
+    for f in attrs.fields(type(o)):
+        value = getattr(o, f.name)
+        if f.name in checks:
+            ok, allowed = checks[f.name]
+        elif isinstance(f.default, bool):  # every flag: True or False, nothing else
+            ok, allowed = _is_flag, "True or False"
+        else:
+            continue
+        if not ok(value):
+            raise _field_error(f.name, allowed, value)
 
 
 @attrs.frozen
@@ -344,7 +357,9 @@ class Session:
         through the event loop per token.
 
         ``next_feeds(outputs)`` gets the previous run's outputs (all of them,
-        in graph order; ``None`` before the first run) and returns the next
+        in graph order, owned as :meth:`run`'s are unless
+        ``SessionOptions(output_views=True)``; ``None`` before the first run)
+        and returns the next
         run's feeds, or ``None`` to stop. When every segment of the plan runs
         on one provider (and no device binding is set), the runs happen back
         to back in one of that provider's worker threads and ``next_feeds``
@@ -384,6 +399,8 @@ class Session:
         pairs = tuple((carry or {}).items())
         if pairs:
             plan.carry_slots(pairs)  # unknown names fail here, before any run
+        if not self._output_views:  # next_feeds sees owned outputs
+            next_feeds = _owning(next_feeds, plan, frozenset(donate), pairs, self._output_index)
         providers = {seg.provider for seg in plan.segments}
         if len(providers) == 1 and not self._bindings and not plan.mixed:
             provider = providers.pop()
@@ -391,8 +408,7 @@ class Session:
             self._runs.add(state)
             try:
                 runs = await provider.pool.ask(
-                    RunLoop(plan, next_feeds, frozenset(donate), pairs, state,
-                            own_outputs=not self._output_views))
+                    RunLoop(plan, next_feeds, frozenset(donate), pairs, state))
                 if runs is None or state.cancelled:
                     raise SessionClosedError("the session closed during run_many",
                                              model=self.model_name)
@@ -400,8 +416,6 @@ class Session:
             except RunCancelledError as e:
                 raise SessionClosedError(f"the session closed during run_many: {e}",
                                          model=self.model_name) from e
-            except ActorRTError as e:
-                raise e.add_context(model=self.model_name)
             finally:
                 self._runs.discard(state)
                 state.finish()
@@ -421,8 +435,9 @@ class Session:
     async def run_with_tensors(self, output_names: Sequence[str] | None,
                                feeds: dict[str, Any]) -> list:
         """Like :meth:`run`, but feeds may be :class:`~actorrt.Tensor` objects and
-        the outputs are Tensors that own the very buffers the kernels wrote (no
-        copy on handoff). Close them (or use ``with``) when done."""
+        the outputs are Tensors that own the buffers :meth:`run` returned (no
+        copy on handoff; an output that would alias a feed or a constant was
+        copied by :meth:`run`). Close them (or use ``with``) when done."""
         from ._tensor import Tensor
         from .providers.base import Adopt
 
@@ -502,6 +517,31 @@ class Session:
                 t.close()
                 t = pre
             binding._results[name] = t
+
+
+def _owning(next_feeds: Callable, plan: Plan, donated: frozenset, pairs: tuple,
+            output_index: dict) -> Callable:
+    """``next_feeds`` of :meth:`Session.run_many`, handed outputs that own
+    their memory (:func:`~actorrt._outputs.own_outputs`) rather than the run's
+    own values (which the loop keeps for ``carry``). A run's feeds, for the
+    check, are what the previous call returned plus the inputs carried from
+    the run before."""
+    last: dict = {"raw": None, "feeds": None}
+
+    def owned_next_feeds(outputs: list | None) -> dict | None:
+        shown = outputs
+        if outputs is not None:
+            feeds = last["feeds"] or {}
+            raw = last["raw"]
+            if pairs and raw is not None:
+                feeds = {**{i: raw[output_index[o]] for i, o in pairs if i not in feeds},
+                         **feeds}
+            shown = own_outputs(outputs, feeds, plan, donated)
+        nxt = next_feeds(shown)
+        last["raw"], last["feeds"] = outputs, nxt
+        return nxt
+
+    return owned_next_feeds
 
 
 async def _run_one(plan: Plan, seg: Any, env: list, state: RunState | None) -> None:

@@ -168,3 +168,17 @@ def test_sync_run_out_of_memory_names_model_and_node():
     with actorrt.InferenceSession(two_branch(), options=opts) as sess:
         with pytest.raises(actorrt.OutOfMemoryError, match=r"model 'two_branch', node '\w+'"):
             sess.run(None, {"x": np.ones((1000, 3), np.float32)})
+
+
+def test_errors_pickle_with_their_fields_and_context():
+    import pickle
+
+    e = actorrt.OutOfMemoryError("over", requested=10, in_use=2, limit=8, role="weights",
+                                 provider="cpu", model="m")
+    e.add_context(node="n")
+    f = pickle.loads(pickle.dumps(e))
+    assert type(f) is actorrt.OutOfMemoryError and str(f) == str(e)
+    assert (f.requested, f.limit, f.model, f.node) == (10, 8, "m", "n")
+    g = pickle.loads(pickle.dumps(actorrt.InvalidArgumentError("bad", input="x", expected="a",
+                                                               got="b")))
+    assert (g.input, g.expected, str(g)) == ("x", "a", "bad (expected a, got b)")

@@ -266,3 +266,23 @@ def test_onnx_backend_outputs_do_not_alias_inputs():
     finally:
         rep.session.close()
     np.testing.assert_array_equal(x, _feed())
+
+
+async def test_run_many_carried_outputs_are_owned():
+    # y = Identity(x) carried back into x: every output the caller sees is its own
+    x = _feed()
+    seen = []
+
+    def next_feeds(outputs):
+        if outputs is None:
+            return {"x": x}
+        seen.append(outputs[0])
+        outputs[0][...] = len(seen)  # must reach neither x nor the next run's output
+        return {} if len(seen) < 3 else None
+
+    async with actorrt.open_session(VIEW_CASES["identity"]) as s:
+        assert await s.run_many(next_feeds, carry={"x": "y"}) == 3
+    np.testing.assert_array_equal(x, _feed())
+    for i, a in enumerate(seen):
+        assert not np.shares_memory(a, x)
+        assert all(not np.shares_memory(a, b) for b in seen[i + 1:])

@@ -11,7 +11,8 @@ def test_top_level_names():
         "InvalidArgumentError", "KernelError", "ModelLoadError", "NodeArg", "OutOfMemoryError",
         "ProviderBrokenError", "Session", "SessionClosedError", "SessionOptions", "Tensor",
         "TransferStatistics", "UnsupportedOperatorError", "__version__", "open_session",
-        "RunCancelledError", "RunOptions", "SessionForkedError"])
+        "RunCancelledError", "RunOptions", "SessionForkedError",
+        "ProviderUnavailableWarning"])
     for name in actorrt.__all__:
         assert getattr(actorrt, name) is not None
 

@@ -70,10 +70,10 @@ ORT_TUNING_OPTIONS = frozenset((
     "arena_extend_strategy", "cudnn_conv_algo_search", "do_copy_in_default_stream",
     "cudnn_conv_use_max_workspace", "cudnn_conv1d_pad_to_nc1d", "enable_cuda_graph",
     "enable_skip_layer_norm_strict_mode", "prefer_nhwc", "use_tf32", "tunable_op_enable",
-    "tunable_op_tuning_enable", "tunable_op_max_tuning_duration_ms", "use_ep_level_unified_stream",
-    "gpu_external_alloc", "gpu_external_free", "gpu_external_empty_cache", "has_user_compute_stream",
-    "user_compute_stream", "sdpa_kernel", "fuse_conv_bias", "enable_cpu_mem_arena",
-    "intra_op_num_threads"))
+    "tunable_op_tuning_enable", "tunable_op_max_tuning_duration_ms",
+    "use_ep_level_unified_stream", "gpu_external_alloc", "gpu_external_free",
+    "gpu_external_empty_cache", "has_user_compute_stream", "user_compute_stream",
+    "sdpa_kernel", "fuse_conv_bias"))
 
 #: onnxruntime's names for options actorrt's providers take under their own
 ORT_OPTION_ALIASES = {"gpu_mem_limit": "memory_limit"}

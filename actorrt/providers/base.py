@@ -28,7 +28,6 @@ import trio
 
 from .._dtypes import storage_bytes, to_numpy_dtype
 from .._errors import InvalidArgumentError, SessionClosedError
-from .._outputs import own_outputs
 from .._runstate import check_cancelled, running
 from ..actors import Actor, ActorRef, open_actors
 from ._contract import (DeviceProfile, Kernel, KernelMatch, NodeSpec, Unsupported,
@@ -155,9 +154,6 @@ class RunLoop:
         state: the :class:`~actorrt._runstate.RunState` of the whole loop: when
             it is cancelled the loop stops before its next run (and control
             flow inside a run between body calls).
-        own_outputs: hand ``next_feeds`` outputs that own their memory
-            (:func:`actorrt._outputs.own_outputs`), not views of feeds or
-            constants.
     """
 
     plan: Any
@@ -165,7 +161,6 @@ class RunLoop:
     donate: frozenset = frozenset()
     carry: tuple = ()
     state: Any = None
-    own_outputs: bool = True
 
 
 @attrs.define(eq=False)
@@ -565,7 +560,4 @@ class _Worker(Actor):
                 if state is not None:
                     state.release_activations()
             outputs = plan.collect_outputs(env)
-            if message.own_outputs:
-                outputs = own_outputs(outputs, {**carried, **feeds} if carried else feeds,
-                                      plan, message.donate)
             runs += 1

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import actorrt
-from actorrt._errors import ProviderUnavailableWarning
+from actorrt import ProviderUnavailableWarning
 from actorrt.providers import provider_unavailable, resolve_providers
 from tests.models import two_branch
 

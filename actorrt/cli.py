@@ -37,6 +37,13 @@ def _random_feed(arg, rng: np.random.Generator, dims: dict[str, int]) -> np.ndar
     return np.zeros(shape, dt)
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (a multi-line message, e.g. from onnx's
+    checker, joined with `` | ``)."""
+    text = str(exc).strip() or type(exc).__name__
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 class UsageError(Exception):
     """A command-line argument is wrong: reported as one ``error:`` line, exit 2."""
 
@@ -141,7 +148,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         dims, feeds = _check_run_args(args)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     opts = actorrt.SessionOptions(enable_fallback=args.fallback,
                                   trace="ops" if args.trace else "off",
@@ -150,7 +157,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         sess = actorrt.InferenceSession(args.model, options=opts)
     except actorrt.ActorRTError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     load_ms = (time.perf_counter() - t0) * 1e3
     try:
@@ -207,7 +214,7 @@ def _run_session(args: argparse.Namespace, sess, dims: dict[str, int],
             outs = sess.run(None, feeds)
             times.append((time.perf_counter() - t) * 1e3)
     except actorrt.ActorRTError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 1
     names = [o.name for o in sess.get_outputs()]
     for name, out in zip(names, outs):

@@ -182,3 +182,19 @@ def test_run_prints_non_ascii_names_on_an_ascii_stdout(tmp_path):
                            "--random-inputs"], capture_output=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert b"y??: shape=[2] dtype=float32" in proc.stdout
+
+
+def test_a_multi_line_model_error_is_printed_on_one_line(tmp_path, capsys, monkeypatch):
+    import actorrt
+    from actorrt.cli import one_line
+
+    assert one_line(ValueError("first\n  second\n\n")) == "first | second"
+    assert one_line(KeyError()) == "KeyError"
+
+    def refuse(*args, **kwargs):
+        raise actorrt.ModelLoadError("checker said:\nline one\nline two", model="m.onnx")
+
+    monkeypatch.setattr(actorrt, "InferenceSession", refuse)
+    assert main(["run", str(DATA / "resnetish.onnx"), "--random-inputs"]) == 1
+    assert capsys.readouterr().err == ("error: [model 'm.onnx'] checker said: | line one | "
+                                       "line two\n")

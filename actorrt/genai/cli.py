@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -39,17 +40,22 @@ def _params(args: argparse.Namespace):
 def generate_main(args: argparse.Namespace) -> int:
     """Stream a continuation to stdout; ``--stats`` prints tok/s to stderr."""
     from .._errors import ActorRTError
+    from ..cli import one_line
     from .engine import open_engine
 
     try:
         params = _params(args)
     except ActorRTError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    # argv bytes that were not UTF-8 in the locale's encoding arrive as lone
+    # surrogates: the original bytes, read as UTF-8 (U+FFFD where invalid)
+    args.prompt = os.fsencode(args.prompt).decode("utf-8", errors="replace")
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
 
     async def main() -> None:
         async with open_engine(args.model, accuracy_level=args.accuracy_level) as engine:
+            await warm_up(engine)  # compiling the kernels is not prompt time
             if not args.chat:
                 _write(args.prompt)
             stream = engine.stream(prompt, params)
@@ -65,15 +71,75 @@ def generate_main(args: argparse.Namespace) -> int:
     return _run_reporting(main)
 
 
+#: a warm-up slower than this (s) is announced with one line on stderr
+WARM_UP_NOTICE_S = 2.0
+WARM_UP_NOTICE = ("actorrt: preparing the CPU kernels (the first run compiles them with numba, "
+                  "about a minute; later runs load them from its cache)...")
+
+
+async def warm_up(engine, notice_after_s: float = WARM_UP_NOTICE_S) -> float:
+    """Run a 3-token prompt for 2 tokens (one prefill, one decode step) before
+    the real request, so that the first run's kernel compilation (numba, about
+    a minute on 2 cores; cached on disk afterwards) is neither prompt nor
+    decode time in ``--stats``. When it takes longer than ``notice_after_s``
+    seconds, :data:`WARM_UP_NOTICE` is printed on stderr (once).
+
+    Returns:
+        The warm-up's wall time (s).
+    """
+    from .sampling import SamplingParams
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        async def notice() -> None:
+            await trio.sleep(notice_after_s)
+            _end_line()
+            print(WARM_UP_NOTICE, file=sys.stderr, flush=True)
+
+        nursery.start_soon(notice)
+        await engine.generate(engine.encode_prompt("Hello, world")[:3] or [0],
+                              SamplingParams(max_new_tokens=2, ignore_eos=True))
+        nursery.cancel_scope.cancel()
+    return time.perf_counter() - t0
+
+
 _open_line = False  # stdout holds a line without its newline
 
 
+class StdoutClosed(Exception):
+    """stdout's reader went away (``actorrt generate ... | head -c 20``):
+    generation stops and the command exits quietly."""
+
+
 def _write(text: str) -> None:
+    """Write to stdout at once.
+
+    Raises:
+        StdoutClosed: the pipe's reader closed it (stdout is pointed at
+            ``os.devnull`` then, so the interpreter's last flush is quiet).
+    """
     global _open_line
     if text:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+            raise StdoutClosed() from None
         _open_line = not text.endswith("\n")
+
+
+def _silence_stdout() -> None:
+    import os
+
+    global _open_line
+    _open_line = False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file descriptor
+        pass
 
 
 def _end_line() -> None:
@@ -86,11 +152,14 @@ def _run_reporting(main) -> int:
     """``trio.run(main)``: Ctrl-C and actorrt errors end with one line, not a
     traceback (trio delivers them wrapped in exception groups)."""
     from .._errors import ActorRTError, leaf_exceptions
+    from ..cli import one_line
 
     try:
         trio.run(main)
     except BaseException as exc:  # noqa: BLE001 - classified below, others re-raised
         leaves = leaf_exceptions(exc)
+        if any(isinstance(e, StdoutClosed) for e in leaves):
+            return 0  # the reader has what it wanted
         if any(isinstance(e, KeyboardInterrupt) for e in leaves):
             # Ctrl-C: whatever else unwound with it is a consequence
             _end_line()
@@ -99,7 +168,7 @@ def _run_reporting(main) -> int:
         errors = [e for e in leaves if isinstance(e, ActorRTError)]
         if errors and all(isinstance(e, ActorRTError) for e in leaves):
             _end_line()
-            print(f"error: {errors[0]}", file=sys.stderr)
+            print(f"error: {one_line(errors[0])}", file=sys.stderr)
             return 1
         raise
     return 0

@@ -47,7 +47,8 @@ import attrs
 import numpy as np
 import trio
 
-from .._errors import GenerationError, InvalidArgumentError, SessionClosedError, UnwrapGroups
+from .._errors import (ActorRTError, GenerationError, InvalidArgumentError, OutOfMemoryError,
+                       SessionClosedError, UnwrapGroups)
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
 from .models import LOGITS_POSITIONS
@@ -223,7 +224,8 @@ class _Request:
         self.t_admit = 0.0
         self.t_first = 0.0
         self.t_last = 0.0
-        self.reserved = 0
+        #: admitted only while nothing else runs (it ran out of memory beside others)
+        self.alone = False
 
     # text ---------------------------------------------------------------
     def push_token(self, tid: int) -> tuple[str, bool]:
@@ -301,7 +303,6 @@ class Engine:
         self._batch: list[_Request] = []  # requests in the batched buffer, in row order
         self._batch_kv: list[np.ndarray] | None = None
         self._kv_bytes = 0
-        self._reserved = 0
         self._completed = 0
         self._tokens = 0
         self._steps = 0
@@ -317,24 +318,42 @@ class Engine:
         self._decode_mark = 0.0  # decode time is counted up to here
 
     # ----------------------------------------------------------------- API
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: a string (tokenized as is), token ids, or chat
-        messages (rendered with the model's chat template).
+    def encode_prompt(self, prompt: Prompt, *, special_in_content: bool = False) -> list[int]:
+        """Token ids of a prompt: a string (tokenized as is: control-token text
+        such as ``<|im_end|>`` stays plain text), token ids (a list or a 1-D
+        integer array), or chat messages rendered with the model's chat
+        template (:meth:`Tokenizer.encode_chat`: the template's control tokens
+        are special, text inside contents is not, unless
+        ``special_in_content``; pass the ids this returns to :meth:`generate`
+        to use that opt-in).
 
         Raises:
-            InvalidArgumentError: a prompt of another shape, or out-of-vocab ids.
+            InvalidArgumentError: bytes (decode them first), text with a lone
+                surrogate, malformed chat messages, out-of-vocab or non-integer
+                ids, a prompt of another type, a non-bool flag.
         """
+        if not isinstance(special_in_content, bool):
+            raise InvalidArgumentError("special_in_content must be a bool",
+                                       expected="True or False", got=repr(special_in_content))
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError("a bytes prompt is ambiguous: decode it to str first "
+                                       "(or pass a list of token ids)",
+                                       expected="str | list[int] | list[dict]",
+                                       got=type(prompt).__name__)
         if isinstance(prompt, str):
             return list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            for m in prompt:
-                if "role" not in m or "content" not in m:
-                    raise InvalidArgumentError("a chat message needs 'role' and 'content'",
-                                               expected="{'role': ..., 'content': ...}",
-                                               got=repr(m))
-            text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
-            return list(self.tokenizer.encode(text, parse_special=True))
-        if isinstance(prompt, Sequence) and all(isinstance(t, (int, np.integer)) for t in prompt):
+        if isinstance(prompt, np.ndarray):
+            if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+                raise InvalidArgumentError("a token-id array must be 1-D integers",
+                                           expected="1-D int array",
+                                           got=f"{prompt.ndim}-D {prompt.dtype}")
+            prompt = prompt.tolist()
+        if isinstance(prompt, Sequence) and prompt and any(isinstance(m, dict) for m in prompt):
+            return list(self.tokenizer.encode_chat(list(prompt), add_generation_prompt=True,
+                                                   special_in_content=special_in_content))
+        if isinstance(prompt, Sequence) and all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+                for t in prompt):
             ids = [int(t) for t in prompt]
             vocab = int(self.config.get("vocab_size", 1 << 31))
             bad = [t for t in ids if not 0 <= t < vocab]
@@ -381,20 +400,21 @@ class Engine:
                    details: bool = False):
         if self._closed:
             raise SessionClosedError("the engine is closed")
-        params = params or SamplingParams()
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise InvalidArgumentError("params must be a SamplingParams",
+                                       expected="actorrt.genai.SamplingParams or None",
+                                       got=type(params).__name__)
         ids = self.encode_prompt(prompt)
         if not ids:
             raise GenerationError("the prompt is empty")
         if len(ids) >= self.context:
             raise GenerationError(f"the prompt has {len(ids)} tokens; the context window is "
                                   f"{self.context}")
-        need = min(len(ids) + params.max_new_tokens, self.context) * self.bytes_per_token
-        if self.kv_budget is not None and need > self.kv_budget:
-            raise GenerationError(f"request needs {need} bytes of KV cache; the engine's budget "
-                                  f"is {self.kv_budget} bytes")
         send, recv = trio.open_memory_channel(math.inf)
         req = _Request(ids, params, send, self.tokenizer)
-        req.reserved = need
+        self._check_fits_alone(req)
         req.details = details
         self._inbox_send.send_nowait(req)
         self._interrupt = True  # a decode run in the worker thread ends at its next step
@@ -429,7 +449,8 @@ class Engine:
         while True:
             self._drain_inbox()
             self._reap()
-            self._admit()
+            if self._shrink_batch():
+                self._admit()
             if not self._decoding and self._batch_kv is not None:
                 self._batch, self._batch_kv = [], None  # last stream left: free its cache
                 self._set_kv_bytes()
@@ -443,17 +464,27 @@ class Engine:
                 self._t_start = time.perf_counter()
             if self._prefilling:
                 group = self._prefill_group()
-                if len(group) > 1:
-                    await self._prefill_batch(group)
-                else:
-                    await self._prefill_step(self._prefilling[0])
+                try:
+                    if len(group) > 1:
+                        await self._prefill_batch(group)
+                    else:
+                        group = [self._prefilling[0]]
+                        await self._prefill_step(group[0])
+                except OutOfMemoryError as exc:
+                    self._prefill_out_of_memory(group, exc)
+                except ActorRTError as exc:  # e.g. a kernel refusing this prompt: its own
+                    for r in group:
+                        self._fail(r, exc)
             self._reap()
             if self._decoding:
-                if (self.decode_run_steps > 1 and not self._prefilling
-                        and not self._inbox.statistics().current_buffer_used):
-                    await self._decode_run()
-                else:
-                    await self._decode_step()
+                try:
+                    if (self.decode_run_steps > 1 and not self._prefilling
+                            and not self._inbox.statistics().current_buffer_used):
+                        await self._decode_run()
+                    else:
+                        await self._decode_step()
+                except OutOfMemoryError as exc:
+                    self._decode_out_of_memory(exc)
             await trio.lowlevel.checkpoint()
 
     def _drain_inbox(self) -> None:
@@ -465,21 +496,137 @@ class Engine:
             self._waiting.append(req)
 
     def _admit(self) -> None:
+        """Admit waiting requests in FIFO order while the batch has a free row
+        and the KV bytes the admitted set can hold at once (:meth:`_kv_need`)
+        fit :meth:`_kv_room`. A request that once ran out of memory beside
+        others is admitted only into an idle engine, and nothing joins it."""
         while self._waiting:
             req = self._waiting[0]
             if req.cancelled:
                 self._waiting.popleft()
                 self._finish(req, "cancelled")
                 continue
-            active = len(self._prefilling) + len(self._decoding)
-            if active >= self.max_batch:
+            admitted = [*self._prefilling, *self._decoding]
+            if len(admitted) >= self.max_batch:
                 return
-            if self.kv_budget is not None and self._reserved + req.reserved > self.kv_budget:
+            if admitted and (req.alone or any(r.alone for r in admitted)):
                 return
+            room = self._kv_room()
+            if room is not None and self._kv_need([*admitted, req]) > room:
+                if admitted:
+                    return  # fits once others finish
+                self._waiting.popleft()  # alone and still too big: it never fits
+                self._fail(req, self._kv_error(req, room))
+                continue
             self._waiting.popleft()
-            self._reserved += req.reserved
             req.t_admit = time.perf_counter()
             self._prefilling.append(req)
+
+    # ------------------------------------------------------- KV accounting
+    def _kv_need(self, reqs: Sequence[_Request]) -> int:
+        """Most KV-cache bytes the engine holds at once while serving ``reqs``
+        together (bytes).
+
+        Decoding requests share one right-padded buffer: a row each, every row
+        as long as the longest capacity (:meth:`_capacity`) of the batch. When
+        the batch changes (a request joins or leaves) the new buffer is
+        filled from the old one and the newcomers' own prefill caches, which
+        are held until then and together are at most as big again: twice the
+        padded batch. A request alone needs its own cache (which becomes the
+        batch, no copy) plus at most a copy of its prompt's rows (a prefill
+        run shared with requests that left)."""
+        if not reqs:
+            return 0
+        if len(reqs) == 1:
+            r = reqs[0]
+            return (self._capacity(r) + len(r.prompt)) * self.bytes_per_token
+        return 2 * len(reqs) * max(self._capacity(r) for r in reqs) * self.bytes_per_token
+
+    def _kv_room(self) -> int | None:
+        """KV bytes the engine may hold now: the smaller of ``kv_budget_bytes``
+        and what the host provider's memory limit leaves beside everything
+        else it holds (weights, ...); ``None``: unlimited."""
+        room = self.kv_budget
+        mem = self._host.memory
+        if mem.limit is not None:
+            st = mem.statistics()
+            left = mem.limit - (st.live_bytes - st.live_by_role.get("kv-cache", 0))
+            room = left if room is None else min(room, left)
+        return room
+
+    def _kv_error(self, req: _Request, room: int) -> OutOfMemoryError:
+        mem = self._host.memory
+        need = self._kv_need([req])
+        return OutOfMemoryError(
+            f"a request of {len(req.prompt)} prompt tokens + {req.params.max_new_tokens} new "
+            f"tokens needs {need} bytes of KV cache ({self.bytes_per_token} bytes a token); "
+            f"the session's memory limit leaves {max(room, 0)} bytes for it beside the "
+            f"weights: lower max_new_tokens, shorten the prompt or raise memory_limit",
+            requested=need, in_use=mem.statistics().live_bytes, limit=mem.limit,
+            role="kv-cache", provider=mem.provider, model=self.session.model_name)
+
+    def _check_fits_alone(self, req: _Request) -> None:
+        """Refuse, before queueing, a request that could not run even alone.
+
+        Raises:
+            GenerationError: its KV cache exceeds ``kv_budget_bytes``.
+            OutOfMemoryError: its KV cache exceeds what the session's memory
+                limit leaves beside the weights.
+        """
+        need = self._kv_need([req])
+        if self.kv_budget is not None and need > self.kv_budget:
+            raise GenerationError(
+                f"request needs {need} bytes of KV cache ({len(req.prompt)} prompt tokens + "
+                f"{req.params.max_new_tokens} new tokens, {self.bytes_per_token} bytes a "
+                f"token); the engine's budget is {self.kv_budget} bytes")
+        mem = self._host.memory
+        if mem.limit is not None:
+            room = mem.limit - mem.statistics().live_by_role.get("weights", 0)
+            if need > room:
+                raise self._kv_error(req, room)
+
+    def _prefill_out_of_memory(self, group: list[_Request], exc: OutOfMemoryError) -> None:
+        """A prefill ran out of memory: its requests wait again at the head
+        of the queue, to run alone, when other requests held memory beside
+        them; a request that was alone fails with ``exc``."""
+        group = [r for r in group if not r.done]
+        others = [r for r in (*self._prefilling, *self._decoding) if r not in group]
+        retry = others or len(group) > 1
+        for r in reversed(group):
+            if retry and not r.alone and not r.generated:
+                if r in self._prefilling:
+                    self._prefilling.remove(r)
+                r.kv, r.length, r.prefilled, r.t_admit, r.alone = None, 0, 0, 0.0, True
+                self._waiting.appendleft(r)
+            else:
+                self._fail(r, exc)
+        self._set_kv_bytes()
+
+    def _decode_out_of_memory(self, exc: OutOfMemoryError) -> None:
+        """A decode step (or the batch rebuild before it) ran out of memory:
+        the requests that were joining the batch fail with ``exc``, else the
+        newest one in it; the others go on at the next step."""
+        joining = [r for r in self._decoding if r.kv is not None]
+        victims = joining or ([max(self._decoding, key=lambda r: r.id)] if self._decoding else [])
+        for r in victims:
+            self._fail(r, exc)
+        self._set_kv_bytes()
+
+    def _shrink_batch(self) -> bool:
+        """Drop the rows of requests that left from the batch buffer before
+        anything is admitted (their padding is held until then); ``False``
+        when that ran out of memory (nothing is admitted this step)."""
+        if not self._batch or not self._decoding:
+            return True
+        if [id(r) for r in self._decoding] == [id(r) for r in self._batch]:
+            return True
+        try:
+            self._rebuild_batch()
+            self._set_kv_bytes()
+        except OutOfMemoryError as exc:
+            self._decode_out_of_memory(exc)
+            return False
+        return True
 
     def _reap(self) -> None:
         for r in list(self._prefilling):
@@ -492,8 +639,16 @@ class Engine:
                 if not r.done:
                     self._finish(r, "cancelled")
 
-    def _set_kv_bytes(self) -> None:
-        total = sum(a.nbytes for r in self._prefilling if r.kv for a in r.kv)
+    def _set_kv_bytes(self, extra: int = 0) -> None:
+        """Account the KV bytes held now (prefill caches, caches waiting to join
+        the batch, the batch buffer) plus ``extra`` about to be allocated.
+
+        Raises:
+            OutOfMemoryError: ``extra`` would pass the host provider's memory
+                limit (nothing is accounted then).
+        """
+        total = extra + sum(a.nbytes for r in (*self._prefilling, *self._decoding)
+                            if r.kv is not None for a in r.kv)
         if self._batch_kv is not None:
             total += sum(a.nbytes for a in self._batch_kv)
         delta = total - self._kv_bytes
@@ -504,9 +659,25 @@ class Engine:
         self._kv_bytes = total
 
     def _empty_kv(self, batch: int, length: int) -> list[np.ndarray]:
+        """Zeroed KV buffers, accounted before they are allocated (the caller
+        then holds them where :meth:`_set_kv_bytes` counts them).
+
+        Raises:
+            OutOfMemoryError: over the memory limit or the machine's memory.
+        """
         # one huge-page mapping for every layer's key and value buffer
         shape = (batch, self.kv_heads, length, self.head_dim)
-        return huge_page_arrays(2 * len(self._layers), shape, np.float32)
+        self._set_kv_bytes(extra=2 * len(self._layers) * batch * self.kv_heads * length
+                           * self.head_dim * 4)
+        try:
+            return huge_page_arrays(2 * len(self._layers), shape, np.float32)
+        except MemoryError as exc:
+            self._set_kv_bytes()
+            mem = self._host.memory
+            raise OutOfMemoryError("cannot map the KV cache", requested=batch * length
+                                   * self.bytes_per_token, in_use=mem.statistics().live_bytes,
+                                   limit=mem.limit, role="kv-cache", provider=mem.provider,
+                                   model=self.session.model_name) from exc
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray],
                last: list[int] | None = None) -> dict:
@@ -587,7 +758,9 @@ class Engine:
             if r.cancelled:
                 continue  # reaped at the next step boundary
             n = len(r.prompt)
-            r.kv = [a[b:b + 1] for a in kv]  # read once by _rebuild_batch
+            # its own rows (read once by _rebuild_batch): the run's buffers go now
+            self._set_kv_bytes(extra=n * self.bytes_per_token)
+            r.kv = [a[b:b + 1, :, :n].copy() for a in kv]
             r.length = r.prefilled = n
             self._prefilling.remove(r)
             r.t_first = now
@@ -604,6 +777,12 @@ class Engine:
         room for every request's remaining tokens."""
         reqs = list(self._decoding)
         length = max(self._capacity(r) for r in reqs)
+        own = reqs[0].kv
+        if (len(reqs) == 1 and not self._batch and own is not None and own[0].shape[0] == 1
+                and own[0].shape[2] >= length):
+            # alone, its own prefill cache has room for all its tokens: no copy
+            self._batch, self._batch_kv, reqs[0].kv = reqs, own, None
+            return
         new = self._empty_kv(len(reqs), length)
         old_rows = {id(r): b for b, r in enumerate(self._batch)}
         for b, r in enumerate(reqs):
@@ -821,7 +1000,6 @@ class Engine:
             return
         req.done = True
         self._completed += 1
-        self._reserved -= req.reserved if req.t_admit else 0
         req.kv = None
         deliver()
         req.send.close()
@@ -834,7 +1012,8 @@ class Engine:
             self._decoding.remove(req)
             if not self._decoding:
                 self._batch, self._batch_kv = [], None
-                self._set_kv_bytes()
+        # its own cache (a prefill) is gone now: the statistics say so at once
+        self._set_kv_bytes()
 
     def _emit(self, req: _Request, tid: int | None) -> None:
         if tid is None:  # sampling failed: the request is finished with its error

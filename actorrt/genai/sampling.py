@@ -27,6 +27,19 @@ def _is_real(v) -> bool:
         v, (bool, np.bool_))
 
 
+def _stop_tuple(s) -> tuple:
+    """``stop`` as a tuple: ``None`` -> no stop strings, one string -> one;
+    anything else that is not an iterable is kept for the check to refuse."""
+    if s is None:
+        return ()
+    if isinstance(s, str):
+        return (s,)
+    try:
+        return tuple(s)
+    except TypeError:
+        return (s,)
+
+
 @attrs.frozen
 class SamplingParams:
     """How to pick tokens for one request.
@@ -40,7 +53,8 @@ class SamplingParams:
         repetition_penalty: > 1 discourages tokens already in the prompt or output
             (llama.cpp / HF rule: positive logits divided, negative multiplied).
         seed: seed of this request's generator (``None``: fresh entropy).
-        stop: strings that end generation (not included in the text).
+        stop: strings that end generation (not included in the text); one
+            string, a list, or ``None`` (none).
         ignore_eos: keep generating past end-of-sequence tokens (benchmarks,
             as llama.cpp's ``--ignore-eos``).
         presence_penalty: subtracted once from the logit of every token already
@@ -62,7 +76,7 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda s: (s,) if isinstance(s, str) else tuple(s))
+    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda s: _stop_tuple(s))
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -101,6 +115,13 @@ class SamplingParams:
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise GenerationError(f"logprobs must be None or an integer in "
                                   f"[0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        for x in self.stop:
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise GenerationError(f"stop string {x!r} holds a lone surrogate") from None
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise GenerationError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

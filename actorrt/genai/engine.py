@@ -217,6 +217,13 @@ class Engine:
         self.context = int(config.get("context_length") or config.get("max_length") or 8192)
         eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
         self.eos = set([eos] if isinstance(eos, int) else list(eos))
+        from .models import search_to_sampling
+
+        #: what a request without SamplingParams gets: greedy, or an
+        #: onnxruntime-genai folder's ``search`` defaults
+        self.default_params = SamplingParams(**search_to_sampling(
+            {k: config[k] for k in ("do_sample", "temperature", "top_k", "top_p",
+                                    "repetition_penalty") if k in config}))
         self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
         self._output_index: tuple[int, list[int]] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
@@ -307,7 +314,7 @@ class Engine:
     async def _run(self, prompt: Prompt, params: SamplingParams | None):
         if self._closed:
             raise SessionClosedError("the engine is closed")
-        params = params or SamplingParams()
+        params = params or self.default_params
         ids = self.encode_prompt(prompt)
         if not ids:
             raise GenerationError("the prompt is empty")

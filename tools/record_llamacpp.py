@@ -51,6 +51,8 @@ PROMPTS = [
 ]
 GREEDY = ["The capital of France is", "Once upon a time,", "The three primary colors are",
           "import numpy as np\n"]
+TINY_STRINGS = ["the theme", "hello the", "  the  t", "ünï 🤖", "t\nh\te", "thethe the",
+                "<|end|> <bos>", ""]
 TOKEN_STRINGS = ["Hello world", "  two leading spaces", "tabs\tand\nnewlines\n\n\n",
                  "ünïcödé 你好 🤖 emoji", "<b>bold</b> and <start_of_turn>user", "1234567 3.14159",
                  "don't won't I'm", "    indented code()", "", " ", "a" * 40]
@@ -135,7 +137,10 @@ def record_tiny(folder: Path) -> None:
             continue
         top = [_top2(r) for r in _teacher_forced(llm, ids)]
         out["cases"][case] = {"sha256": entry["sha256"], "top1": [t for t, _ in top],
-                              "margins": [round(m, 4) for _, m in top]}
+                              "margins": [round(m, 4) for _, m in top],
+                              "tokens": [{"text": t, "ids": llm.tokenize(
+                                  t.encode(), add_bos=True, special=False)}
+                                  for t in TINY_STRINGS]}
         del llm
     (DATA / "llamacpp_tiny_archs.json").write_text(json.dumps(out, indent=0))
 

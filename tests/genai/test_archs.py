@@ -346,3 +346,20 @@ def test_arch_top1_equals_llama_cpp(built, case):
     clear = np.array(rec["margins"]) > 0.05
     assert clear.sum() >= len(IDS) // 2
     assert np.array_equal(got[clear], np.array(rec["top1"])[clear]), (got, rec["top1"])
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2", "llama-sliding"])
+def test_tokenizer_ids_equal_llama_cpp(built, case):
+    """SPM (gemma3's tiny vocabulary: merges by score, byte fallback) and
+    byte-level BPE tokenization equal llama.cpp's recorded ids, BOS included."""
+    import json
+
+    from actorrt.genai.tokenizer import Tokenizer
+
+    rec = json.loads(LLAMACPP.read_text())["cases"][case]
+    src, _ = built(case)
+    tok = Tokenizer.from_gguf(src)
+    for entry in rec["tokens"]:
+        assert tok.encode(entry["text"]) == entry["ids"], entry
+        if tok.model == "llama" and entry["text"]:
+            assert tok.decode(entry["ids"][1:]) == entry["text"]

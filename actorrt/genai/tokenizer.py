@@ -331,10 +331,30 @@ class Tokenizer:
         except Exception as exc:  # OSError, JSON errors, tokenizers parse errors
             raise ModelLoadError(f"cannot load the tokenizer from {folder}: {exc}",
                                  model=str(folder)) from exc
+        if "eos_token_ids" not in cfg and isinstance(cfg.get("model"), dict):
+            return cls._from_ort_genai(hf, cfg["model"], folder)
         tk = cfg.get("tokenizer", {})
         return cls(hf, eos_token_ids=cfg["eos_token_ids"], bos_token_id=cfg.get("bos_token_id"),
                    chat_template=cfg.get("chat_template"), add_bos=tk.get("add_bos", False),
                    model=tk.get("model", "gpt2"))
+
+    @classmethod
+    def _from_ort_genai(cls, hf: Any, model: dict, folder: Path) -> Tokenizer:
+        """An onnxruntime-genai folder: ids from its ``genai_config.json``
+        (``model.eos_token_id``, ``bos_token_id``), BOS and chat template from
+        ``tokenizer_config.json`` when present."""
+        eos = model.get("eos_token_id", [])
+        eos = [eos] if isinstance(eos, int) else list(eos)
+        try:
+            tc = json.loads((folder / "tokenizer_config.json").read_text("utf-8"))
+        except (OSError, ValueError):
+            tc = {}
+        dec = json.loads(hf.to_str()).get("decoder") or {}
+        kinds = {dec.get("type")} | {d.get("type") for d in dec.get("decoders", []) or []}
+        return cls(hf, eos_token_ids=eos, bos_token_id=model.get("bos_token_id"),
+                   chat_template=tc.get("chat_template"),
+                   add_bos=bool(tc.get("add_bos_token", False)),
+                   model="gpt2" if "ByteLevel" in kinds else "llama")
 
     def save(self, path: str | Path) -> None:
         """Writes the ``tokenizers`` JSON (``tokenizer.json``)."""

@@ -1,4 +1,5 @@
-"""Architectures besides llama: gemma3, qwen2, phi3 and sliding-window llama
+"""Architectures besides llama: gemma3, qwen2, phi3 and a llama carrying a
+sliding-window key (which llama.cpp, and so the builder, ignores for llama)
 (actorrt.genai.builder on tiny random GGUFs written with ``gguf.GGUFWriter``).
 
 Oracles: a float64 numpy forward pass written here in llama.cpp's own
@@ -36,6 +37,8 @@ def _tokenizer_fields(w, spm: bool) -> None:
     if spm:  # SentencePiece-style vocabulary with byte fallback
         tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
         tokens += ["▁", "t", "h", "e", "th", "the", "▁the", "▁t"]
+        # phi3's chat tokens (llama.cpp looks some of them up when loading a phi3)
+        tokens += ["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
         tokens += [f"<unused{i}>" for i in range(VOCAB - len(tokens))]
         types = [3, 3, 3, 2] + [6] * 256 + [1] * 8 + [3] * (VOCAB - 268)
         scores = [0.0] * 260 + [-1.0, -2.0, -2.0, -2.0, -3.0, -4.0, -5.0, -6.0] + \
@@ -64,8 +67,10 @@ def _tokenizer_fields(w, spm: bool) -> None:
 
 
 def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int = 2,
-                    window: int = 0, seed: int = 0, head_dim: int | None = None) -> Path:
+                    window: int = 0, seed: int = 0, head_dim: int | None = None,
+                    hidden: int = 64, ffn: int = 96) -> Path:
     """A tiny random model of ``arch`` (llama, qwen2, phi3 or gemma3)."""
+    HIDDEN, FFN = hidden, ffn  # noqa: N806
     rng = np.random.default_rng(seed)
     hd = head_dim or HIDDEN // N_HEAD
     qd, kvd = N_HEAD * hd, N_KV * hd
@@ -84,7 +89,7 @@ def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int 
     w.add_layer_norm_rms_eps(1e-6)
     if window:
         w.add_sliding_window(window)
-    _tokenizer_fields(w, spm=arch == "gemma3")
+    _tokenizer_fields(w, spm=arch in ("gemma3", "phi3"))
 
     def add(name, arr, kind):
         arr = np.asarray(arr, np.float32)
@@ -107,7 +112,9 @@ def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int 
     def norm(n):
         return 1 + 0.1 * rng.standard_normal(n)
 
-    add("token_embd.weight", mat(VOCAB, HIDDEN, 0.5), "Q8_0")
+    # gemma3 scales embeddings by sqrt(hidden): keep them small, or the residual stream
+    # carries the input token to the (tied) head unchanged
+    add("token_embd.weight", mat(VOCAB, HIDDEN, 0.05 if arch == "gemma3" else 0.5), "Q8_0")
     for i in range(n_layer):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", norm(HIDDEN), "F32")
@@ -157,7 +164,8 @@ def reference_logits(path: Path, ids: list[int]) -> np.ndarray:
     n_layer, eps, base = f["block_count"], f["attention.layer_norm_rms_epsilon"], \
         f["rope.freq_base"]
     hd = f.get("attention.key_length", hidden // n_head)
-    window = f.get("attention.sliding_window", 0)
+    # llama.cpp applies the sliding window of gemma3 only (llama, qwen2, phi3 ignore the key)
+    window = f.get("attention.sliding_window", 0) if arch == "gemma3" else 0
     w = {t.name: dequantize(t.data, t.tensor_type).astype(np.float64)
          .reshape(tuple(int(x) for x in reversed(t.shape))) for t in reader.tensors}
     seq = len(ids)
@@ -227,9 +235,12 @@ def reference_logits(path: Path, ids: list[int]) -> np.ndarray:
 
 CASES = {
     "qwen2": dict(arch="qwen2"),
-    "qwen2-q4_k": dict(arch="qwen2", qtype="Q4_K", head_dim=64),
+    "qwen2-q4_k": dict(arch="qwen2", qtype="Q4_K", hidden=256, ffn=256),
     "phi3": dict(arch="phi3"),
-    "phi3-q6_k": dict(arch="phi3", qtype="Q6_K", head_dim=64),
+    "phi3-q6_k": dict(arch="phi3", qtype="Q6_K", hidden=256, ffn=256),
+    "llama-q5_k": dict(arch="llama", qtype="Q5_K", hidden=256, ffn=512),
+    "llama-q3_k": dict(arch="llama", qtype="Q3_K", hidden=256, ffn=256),
+    "qwen2-q2_k": dict(arch="qwen2", qtype="Q2_K", hidden=256, ffn=256),
     "llama-sliding": dict(arch="llama", window=4, qtype="Q4_0"),
     "gemma3": dict(arch="gemma3", n_layer=7, window=4, head_dim=32, qtype="Q5_0"),
 }
@@ -261,8 +272,8 @@ def _ours(path: str, cfg, ids: list[int], fuse: bool) -> tuple[np.ndarray, list,
 
 
 #: how many of a case's decoder blocks the fusion takes (the rest it declines)
-FUSED_BLOCKS = {"qwen2": 0, "qwen2-q4_k": 0, "phi3": 2, "phi3-q6_k": 2, "llama-sliding": 2,
-                "gemma3": 0}
+FUSED_BLOCKS = {"qwen2": 0, "qwen2-q4_k": 0, "qwen2-q2_k": 0, "phi3": 2, "phi3-q6_k": 2,
+                "llama-sliding": 2, "llama-q5_k": 0, "llama-q3_k": 2, "gemma3": 0}
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +316,50 @@ def test_gemma3_graph_has_the_architecture_features(built):
     gqa = [n for n in g.node if n.op_type == "GroupQueryAttention"]
     windows = [next((a.i for a in n.attribute if a.name == "local_window_size"), None) for n in gqa]
     assert windows == [4, 4, 4, 4, 4, None, 4]  # layer 5 (every 6th) is global
+    _, llama = built("llama-sliding")  # llama.cpp ignores a llama's sliding window: so do we
+    g2 = onnx.load(llama / "model.onnx", load_external_data=False).graph
+    assert not any(a.name == "local_window_size" for n in g2.node for a in n.attribute)
     assert [n.input[7] for n in gqa] == ["cos_cache_local"] * 5 + ["cos_cache", "cos_cache_local"]
     assert any(n.op_type == "Gelu" for n in g.node)
     assert load_genai_config(folder).architecture == "gemma3"
+
+
+LLAMACPP = Path(__file__).parent / "data" / "llamacpp_tiny_archs.json"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_arch_top1_equals_llama_cpp(built, case):
+    """llama.cpp's teacher-forced top-1 on the same file (recorded by
+    tools/record_llamacpp.py), wherever its top-2 margin exceeds 0.05 logit
+    (llama.cpp's CPU kernels round activations to 8 bits)."""
+    import hashlib
+    import json
+
+    rec = json.loads(LLAMACPP.read_text())["cases"].get(case)
+    if rec is None or "error" in rec:
+        pytest.skip(f"no llama.cpp record for {case}: {rec and rec['error']}")
+    src, folder = built(case)
+    if hashlib.sha256(src.read_bytes()).hexdigest() != rec["sha256"]:
+        pytest.skip("the tiny GGUF differs from the recorded one (gguf writer changed?)")
+    dec = OrtDecoder(folder)
+    got = np.concatenate([dec.step(IDS[:5])] + [dec.step([t]) for t in IDS[5:]]).argmax(-1)
+    clear = np.array(rec["margins"]) > 0.05
+    assert clear.sum() >= len(IDS) // 2
+    assert np.array_equal(got[clear], np.array(rec["top1"])[clear]), (got, rec["top1"])
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2", "llama-sliding"])
+def test_tokenizer_ids_equal_llama_cpp(built, case):
+    """SPM (gemma3's tiny vocabulary: merges by score, byte fallback) and
+    byte-level BPE tokenization equal llama.cpp's recorded ids, BOS included."""
+    import json
+
+    from actorrt.genai.tokenizer import Tokenizer
+
+    rec = json.loads(LLAMACPP.read_text())["cases"][case]
+    src, _ = built(case)
+    tok = Tokenizer.from_gguf(src)
+    for entry in rec["tokens"]:
+        assert tok.encode(entry["text"]) == entry["ids"], entry
+        if tok.model == "llama" and entry["text"]:
+            assert tok.decode(entry["ids"][1:]) == entry["text"]

@@ -94,6 +94,10 @@ class Session:
         self._bindings: dict[str, Any] = {}
         #: the runs under way (cancelled when the session closes)
         self._runs: set[RunState] = set()
+        #: runs need a RunState: they account activations, or run control
+        #: flow (which stops when its run is cancelled)
+        self._stateful = plan.tracker_release is not None or any(
+            seg.iterates for seg in plan.segments)
         self._forked = False  # set in a child made by fork (see actorrt._fork)
         self._pid = _fork.register(self)
 
@@ -191,21 +195,26 @@ class Session:
                 feeds.setdefault(name, b.value())
             donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
         plan.bind_feeds(feeds, env, donated)
-        release = plan.tracker_release
-        state = RunState(None if release is None else (lambda: release(env)))
-        runs = self._runs
-        runs.add(state)
-        try:
-            await execute(plan, env, self._tracer, state)
-            if state.cancelled:  # the session closed while this run was under way
-                raise SessionClosedError("the session closed during the run",
-                                         model=self.model_name)
-        except RunCancelledError as e:
-            raise SessionClosedError(f"the session closed during the run: {e}",
-                                     model=self.model_name) from e
-        finally:
-            runs.discard(state)
-            state.finish()
+        if not self._stateful:
+            # nothing to release or to stop: a cancelled caller's queued
+            # segments are withdrawn by the workers (see actorrt.actors)
+            await execute(plan, env, self._tracer)
+        else:
+            release = plan.tracker_release
+            state = RunState(None if release is None else (lambda: release(env)))
+            runs = self._runs
+            runs.add(state)
+            try:
+                await execute(plan, env, self._tracer, state)
+                if state.cancelled:  # the session closed while this run was under way
+                    raise SessionClosedError("the session closed during the run",
+                                             model=self.model_name)
+            except RunCancelledError as e:
+                raise SessionClosedError(f"the session closed during the run: {e}",
+                                         model=self.model_name) from e
+            finally:
+                runs.discard(state)
+                state.finish()
         if self._bindings:
             for b in self._bindings.values():
                 if b.output_name is not None:

@@ -181,7 +181,13 @@ class Session:
                 unknown output name.
             KernelError: a kernel failed (node named).
             OutOfMemoryError: a provider's limit would be exceeded.
-            SessionClosedError: the session was closed.
+            SessionClosedError: the session was closed (before or during the
+                run: a run under way when the session closes stops).
+            SessionForkedError: used in a process forked from its creator.
+
+        A caller cancelled while the run is under way withdraws the work not
+        yet started; work already running finishes, then everything the run
+        accounted is released; control flow stops at its next iteration.
         """
         if self._closed:
             raise self._closed_error()

@@ -88,7 +88,7 @@ class RunState:
             self._release_all()
 
     @property
-    def running(self) -> int:
+    def running_segments(self) -> int:
         """Segments of this run running now."""
         return self._running
 

@@ -219,6 +219,10 @@ class Session:
         self._bindings: dict[str, Any] = {}
         #: the runs under way (cancelled when the session closes)
         self._runs: set[RunState] = set()
+        #: runs need a RunState: they account activations, or run control
+        #: flow (which stops when its run is cancelled)
+        self._stateful = plan.tracker_release is not None or any(
+            seg.iterates for seg in plan.segments)
         self._forked = False  # set in a child made by fork (see actorrt._fork)
         self._pid = _fork.register(self)
 
@@ -308,7 +312,13 @@ class Session:
                 unknown output name.
             KernelError: a kernel failed (node named).
             OutOfMemoryError: a provider's limit would be exceeded.
-            SessionClosedError: the session was closed.
+            SessionClosedError: the session was closed (before or during the
+                run: a run under way when the session closes stops).
+            SessionForkedError: used in a process forked from its creator.
+
+        A caller cancelled while the run is under way withdraws the work not
+        yet started; work already running finishes, then everything the run
+        accounted is released; control flow stops at its next iteration.
         """
         if self._closed:
             raise self._closed_error()
@@ -322,23 +332,26 @@ class Session:
                 feeds.setdefault(name, b.value())
             donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
         plan.bind_feeds(feeds, env, donated)
-        release = plan.tracker_release
-        state = RunState(None if release is None else (lambda: release(env)))
-        runs = self._runs
-        runs.add(state)
-        try:
-            await execute(plan, env, self._tracer, state)
-            if state.cancelled:  # the session closed while this run was under way
-                raise SessionClosedError("the session closed during the run",
-                                         model=self.model_name)
-        except RunCancelledError as e:
-            raise SessionClosedError(f"the session closed during the run: {e}",
-                                     model=self.model_name) from e
-        except ActorRTError as e:
-            raise e.add_context(model=self.model_name)
-        finally:
-            runs.discard(state)
-            state.finish()
+        if not self._stateful:
+            # nothing to release or to stop: a cancelled caller's queued
+            # segments are withdrawn by the workers (see actorrt.actors)
+            await execute(plan, env, self._tracer)
+        else:
+            release = plan.tracker_release
+            state = RunState(None if release is None else (lambda: release(env)))
+            runs = self._runs
+            runs.add(state)
+            try:
+                await execute(plan, env, self._tracer, state)
+                if state.cancelled:  # the session closed while this run was under way
+                    raise SessionClosedError("the session closed during the run",
+                                             model=self.model_name)
+            except RunCancelledError as e:
+                raise SessionClosedError(f"the session closed during the run: {e}",
+                                         model=self.model_name) from e
+            finally:
+                runs.discard(state)
+                state.finish()
         if self._bindings:
             for b in self._bindings.values():
                 if b.output_name is not None:

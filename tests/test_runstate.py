@@ -359,3 +359,29 @@ async def test_run_many_stops_when_its_caller_is_cancelled():
         seen = calls
         await trio.sleep(0.2)
         assert calls == seen > 0  # the worker loop stopped
+
+
+def test_run_state_releases_once_after_its_last_running_segment():
+    from actorrt._runstate import RunState, check_cancelled, running
+    from actorrt.providers._memory import MemoryAccountant
+
+    acc = MemoryAccountant("cpu")
+    released = []
+    st = RunState(lambda: released.append(1))
+    arr = np.ones(10, np.float32)
+    acc.reserve(arr.nbytes, "activations")
+    st.ledger[id(arr)] = (acc, arr)
+    assert st.begin() and st.begin()
+    st.finish()  # the caller is gone; two segments still run
+    assert st.cancelled and not st.begin()  # nothing more starts
+    assert released == [] and acc.statistics().live_bytes == 40
+    st.end()
+    assert released == []
+    st.end()
+    assert released == [1] and acc.statistics().live_bytes == 0
+    st.finish()
+    assert released == [1]  # once
+    with running(st):
+        with pytest.raises(actorrt.RunCancelledError, match="cancelled"):
+            check_cancelled()
+    check_cancelled()  # outside a run: nothing to check

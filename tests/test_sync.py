@@ -74,10 +74,10 @@ def _dropped_sessions(n: int) -> None:
     assert rss1 - rss0 < 64, (rss0, rss1)  # MiB
 
 
-def test_600_dropped_sessions_under_ulimit_1024_hold_fds_threads_and_rss_flat():
+def test_300_dropped_sessions_under_ulimit_1024_hold_fds_threads_and_rss_flat():
     # the 5 fds a leaked session held would pass the limit at ~200 sessions;
-    # any leak at all shows in the count
-    _dropped_sessions(600)
+    # any leak at all shows in the count (5,000: the slow variant below)
+    _dropped_sessions(300)
 
 
 @pytest.mark.slow

@@ -513,8 +513,13 @@ class _Worker(Actor):
             if cost == math.inf and seg.dim_refs is not None:
                 cost = seg.runtime_cost_us(message.env)  # sizes known now
             if cost < self.provider.inline_threshold_us:
-                with running(state):
+                if plan.tracker_release is None:
+                    # inline segments have no control flow: only the memory
+                    # tracker asks for the run it works for
                     self.provider.run_segment(plan, seg, message.env)
+                else:
+                    with running(state):
+                        self.provider.run_segment(plan, seg, message.env)
             else:
                 await trio.to_thread.run_sync(self._run_segment, plan, seg, message.env, state,
                                               limiter=self.provider._limiter)

@@ -14,7 +14,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ..._lazy import lazy_module
+from actorrt._lazy import lazy_module
 from .registry import cpu_kernel
 
 _nb = lazy_module(f"{__package__}.llm._contrib_numba", globals(), "_nb")  # numba on first use

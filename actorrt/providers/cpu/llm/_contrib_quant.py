@@ -27,7 +27,7 @@ import numpy as np
 
 from ..._contract import Kernel, NodeSpec, deny, require
 from .... import tracing
-from ...._lazy import lazy_module
+from actorrt._lazy import lazy_module
 from ..registry import cpu_kernel
 
 _nb = lazy_module(f"{__package__}._contrib_numba", globals(), "_nb")  # numba on first use

@@ -227,9 +227,10 @@ def resolve_providers(providers: Sequence[Any] | None, options: Any) -> list[Exe
                                    expected=f"at least one available provider ({_PROVIDER_NAMES})",
                                    got=repr(list(providers)))
     from .cpu import CPUExecutionProvider
-    if not any(type(p) is CPUExecutionProvider for p in out):
-        # the host of weights and folded constants (the reference provider,
-        # a CPU subclass, is no substitute: nodes it declines need a home)
+    if not any(p.name == "cpu" for p in out):
+        # the host of weights and folded constants, found by its name (the
+        # reference provider, a CPU subclass, is no substitute: nodes it
+        # declines need a home)
         out.append(CPUExecutionProvider(memory_limit=getattr(options, "memory_limit", None),
                                         workers=getattr(options, "workers", None),
                                         threads=getattr(options, "intra_op_num_threads", None) or None))

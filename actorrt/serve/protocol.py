@@ -192,6 +192,8 @@ def _common(body: Any, kind: str) -> dict:
                                          lo=0, lo_open=True)),
         "seed": _get(body, "seed", _is_int, "an integer", None, lo=0, hi=2**63 - 1),
         "stop": tuple(stop),
+        "ignore_eos": _get(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean",
+                           False),
     }
     return {"model": model, "stream": stream, "include_usage": include_usage,
             "max_tokens": max_tokens, "n": n, "sampling": sampling}

@@ -110,7 +110,7 @@ def test_engine_streams_generates_and_cancels_under_asyncio(model_dir):
                 await asyncio.sleep(0.05)
             out["after"] = st
             with pytest.raises(actorrt.InvalidArgumentError):
-                await engine.generate(b"bytes are not a prompt" and 3.5, params)
+                await engine.generate(3.5, params)  # not a prompt
         return out
 
     out = asyncio.run(main())

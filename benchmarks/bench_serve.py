@@ -59,7 +59,10 @@ def start_ours(model: str, max_batch: int) -> tuple[subprocess.Popen, str]:
 def start_llama(python: str, gguf: str, port: int, threads: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([python, "-m", "llama_cpp.server", "--model", gguf, "--host",
                              "127.0.0.1", "--port", str(port), "--n_ctx", "2048",
-                             "--n_threads", str(threads), "--n_threads_batch", str(threads)],
+                             "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                             # queue concurrent requests (the default cancels the
+                             # running one when a new one arrives)
+                             "--interrupt_requests", "False"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -183,11 +183,15 @@ def main() -> int:
             for _ in range(args.rounds):
                 for n in levels:
                     for name, (_, u, model, extra) in servers.items():
-                        rows.setdefault((name, n), []).append(
-                            await http_level(u, model, n, args.max_tokens, extra))
+                        r = await http_level(u, model, n, args.max_tokens, extra)
+                        rows.setdefault((name, n), []).append(r)
+                        print(f"# {name} x{n}: {r['tokens']} tokens in {r['wall']:.2f} s",
+                              flush=True)
                     if engine is not None:
-                        rows.setdefault(("direct", n), []).append(
-                            await direct_level(engine, n, args.max_tokens))
+                        r = await direct_level(engine, n, args.max_tokens)
+                        rows.setdefault(("direct", n), []).append(r)
+                        print(f"# direct x{n}: {r['tokens']} tokens in {r['wall']:.2f} s",
+                              flush=True)
         finally:
             if engine_cm is not None:
                 await engine_cm.__aexit__(None, None, None)

@@ -240,6 +240,10 @@ async def _generation(state: ServerState, request: Request, parse) -> Response:
     if state.closing:
         raise P.APIError(503, "the server is shutting down", type="server_error",
                          code="shutting_down")
+    if len(jobs) > engine.max_batch + state.max_queue:
+        raise P.APIError(400, f"the request asks for {len(jobs)} choices; this server runs "
+                              f"{engine.max_batch} + queues {state.max_queue} at most",
+                         param="n")
     if state.outstanding + len(jobs) > engine.max_batch + state.max_queue:
         raise P.APIError(429, f"the server is busy ({state.outstanding} requests in flight, "
                               f"{engine.max_batch} running + {state.max_queue} queued at "

@@ -77,9 +77,9 @@ class ParsedRequest:
         model: the model id asked for.
         prompts: one entry per prompt: a string, token ids, or chat messages
             (``/v1/completions`` may carry several prompts; chat one).
-        params: sampling parameters shared by every choice (``max_new_tokens``
-            is ``None`` when the request gave none: the server fills it in
-            once the prompt length is known).
+        sampling: :class:`SamplingParams` fields shared by every choice, all
+            but ``max_new_tokens`` and ``logprobs`` (see :meth:`params`: the
+            server fills ``max_new_tokens`` in once the prompt length is known).
         max_tokens: the request's ``max_tokens`` / ``max_completion_tokens``
             or ``None``.
         n: choices per prompt.
@@ -192,6 +192,8 @@ def _common(body: Any, kind: str) -> dict:
                                          lo=0, lo_open=True)),
         "seed": _get(body, "seed", _is_int, "an integer", None, lo=0, hi=2**63 - 1),
         "stop": tuple(stop),
+        "ignore_eos": _get(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean",
+                           False),
     }
     return {"model": model, "stream": stream, "include_usage": include_usage,
             "max_tokens": max_tokens, "n": n, "sampling": sampling}

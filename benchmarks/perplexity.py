@@ -1,0 +1,90 @@
+"""Teacher-forced perplexity of a prepared LLM at MatMulNBits accuracy levels
+0 and 4 on a held-out English text (default: CPython's LICENSE.txt, the PSF
+license and its history, committed as ``benchmarks/data/python_license.txt``).
+
+The text is tokenized once and fed in prefill chunks with the KV cache carried
+between them (the full-logits ``model.onnx`` / ``model.accuracy4.onnx``);
+perplexity = exp(mean negative log-likelihood of every next token).
+
+    python benchmarks/perplexity.py [--model smollm2] [--chunk 256] [--max-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import trio
+
+TEXT = Path(__file__).with_name("data") / "python_license.txt"
+
+
+def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """(S, V) float32 logits, (S,) int targets -> (S,) float64 negative log-likelihoods."""
+    x = logits.astype(np.float64)
+    mx = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(x - mx).sum(axis=1)) + mx[:, 0]
+    return lse - x[np.arange(len(targets)), targets]
+
+
+async def perplexity(folder: Path, level: int, ids: np.ndarray, chunk: int) -> tuple[float, float]:
+    """(perplexity, seconds) of ``ids`` (1-D int64) under ``folder``'s graph at ``level``."""
+    import onnx
+
+    from actorrt import SessionOptions, open_session
+    from actorrt.genai.models import model_file
+
+    path = model_file(folder, level)
+    proto = onnx.load(str(path), load_external_data=False)
+    kv_inputs = [(i.name, [d.dim_value for d in i.type.tensor_type.shape.dim])
+                 for i in proto.graph.input if i.name.startswith("past_key_values.")]
+    outputs = ["logits"] + [n.replace("past_key_values.", "present.") for n, _ in kv_inputs]
+    past = {n: np.zeros((1, shape[1], 0, shape[3]), np.float32) for n, shape in kv_inputs}
+    nll = []
+    t0 = time.perf_counter()
+    async with open_session(path, options=SessionOptions(parallel_execution=False)) as s:
+        done = 0
+        while done < len(ids) - 1:
+            piece = ids[done:done + chunk]
+            feeds = {"input_ids": piece[None, :],
+                     "attention_mask": np.ones((1, done + len(piece)), np.int64), **past}
+            res = await s.run(outputs, feeds)
+            logits = np.asarray(res[0])[0]
+            targets = ids[done + 1:done + 1 + len(piece)]
+            nll.append(_log_softmax_nll(logits[:len(targets)], targets))
+            past = {n: np.asarray(v) for (n, _), v in zip(kv_inputs, res[1:])}
+            done += len(piece)
+    nll = np.concatenate(nll)
+    return math.exp(nll.mean()), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--text", default=str(TEXT))
+    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=0)
+    args = ap.parse_args()
+
+    from actorrt.genai.models import prepare_model
+    from actorrt.genai.tokenizer import load_tokenizer
+
+    folder = Path(prepare_model(args.model))
+    tok = load_tokenizer(folder)
+    ids = np.asarray(tok.encode(Path(args.text).read_text()), np.int64)
+    if args.max_tokens:
+        ids = ids[:args.max_tokens]
+    print(f"{folder.name}: {len(ids)} tokens of {Path(args.text).name}")
+    result = {}
+    for level in (0, 4):
+        ppl, sec = trio.run(perplexity, folder, level, ids, args.chunk)
+        result[level] = ppl
+        print(f"accuracy_level {level}: perplexity {ppl:.4f} ({sec:.1f} s)")
+    print(f"level 4 / level 0: {result[4] / result[0]:.4f}")
+
+
+if __name__ == "__main__":
+    main()

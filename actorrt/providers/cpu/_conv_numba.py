@@ -4,6 +4,7 @@ Loaded lazily, on the first 2-D convolution (non-LLM models that never convolve
 never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
 ``conv_core`` keeps its numpy paths.
 
+* :func:`num_threads` -- the calling thread's numba thread count.
 * :func:`im2col2d` -- the patch matrix ``cols (N, C, KH, KW, OH, OW)`` of an
   unpadded ``x (N, C, H, W)``, zeros where a tap falls in the padding; parallel
   over the ``N * C`` planes.
@@ -20,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "im2col2d", "depthwise2d"]
+__all__ = ["HAVE_NUMBA", "im2col2d", "depthwise2d", "num_threads"]
 
 try:
     from numba import njit, prange
@@ -100,6 +101,14 @@ if HAVE_NUMBA:
                         else:
                             for ox in range(lo, hi):
                                 row[ox] += wv * src[ox * sw + off]
+
+
+def num_threads() -> int:
+    """numba threads the calling thread's parallel launches use (1 without numba)."""
+    if not HAVE_NUMBA:
+        return 1
+    import numba
+    return numba.get_num_threads()
 
 
 def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,

@@ -20,8 +20,17 @@ __all__ = ["activation", "ACTIVATIONS", "gelu_inplace"]
 ACTIVATIONS = ("", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "Gelu")
 
 
+#: use the one-pass compiled GELU (:mod:`._gelu_numba`) for float32 when numba is there
+COMPILED_GELU = True
+
+
 def gelu_inplace(y: np.ndarray) -> np.ndarray:
-    """``y = 0.5 * y * (1 + erf(y / sqrt(2)))`` in ``y``'s float dtype, in place."""
+    """``y = 0.5 * y * (1 + erf(y / sqrt(2)))`` in ``y``'s float dtype, in place
+    (float32: one compiled pass when numba is installed, else numpy)."""
+    if COMPILED_GELU and y.dtype == np.float32 and y.size >= 4096:
+        from . import _gelu_numba
+        if _gelu_numba.gelu_inplace_f32(y):
+            return y
     e = erf(y * y.dtype.type(0.7071067811865476))
     e += y.dtype.type(1)
     e *= y.dtype.type(0.5)

@@ -62,6 +62,11 @@ _ERF32_Q = tuple(np.float32(c) for c in (
     -7.37332916720468e-03, -1.42647390514189e-02))
 
 
+#: (P, Q) coefficients, highest power first, of the float32 erf above (for
+#: compiled kernels that evaluate the same approximation)
+ERF32_RATIONAL = (_ERF32_P, _ERF32_Q)
+
+
 def _erf32(x: np.ndarray) -> np.ndarray:
     x = np.clip(x, np.float32(-4.0), np.float32(4.0))
     x2 = x * x

@@ -49,6 +49,7 @@ def test_conv_paths_match_onnxruntime(case, compiled, monkeypatch):
     if compiled and not _conv_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     monkeypatch.setattr(_conv_util, "COMPILED", compiled)
+    monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 1)  # the compiled im2col at any count
     model, x = _model(case)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
@@ -56,6 +57,20 @@ def test_conv_paths_match_onnxruntime(case, compiled, monkeypatch):
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert spans and all(("kernel_variant.conv_impl" in a) == compiled for a in spans), spans
+
+
+def test_im2col_numpy_below_min_threads(monkeypatch):
+    """One numba thread: patch building stays numpy (depthwise stays compiled)."""
+    if not _conv_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 10 ** 6)
+    model, x = _model(CASES[0])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert spans and not any("kernel_variant.conv_impl" in a for a in spans)
 
 
 def test_intra_op_num_threads():

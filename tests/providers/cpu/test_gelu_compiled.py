@@ -1,0 +1,51 @@
+"""com.microsoft Gelu (and the GELU epilogue the optimizer's fusions use): the
+one-pass compiled float32 path and the numpy path, both against onnxruntime's
+contrib Gelu, above and below the compiled path's size threshold, odd sizes and
+non-contiguous inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP, helper
+
+import actorrt
+from actorrt.providers.cpu import _epilogue, _gelu_numba
+
+RNG = np.random.default_rng(5)
+
+
+def _gelu_model(shape):
+    node = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
+    g = helper.make_graph([node], "gelu", [helper.make_tensor_value_info("x", TP.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("shape", [(7, 13), (3, 129, 37), (1, 64, 1024)])
+def test_gelu_matches_onnxruntime(shape, compiled, monkeypatch):
+    if compiled and not _gelu_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(_epilogue, "COMPILED_GELU", compiled)
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1)[:3] = [0.0, -9.0, 9.0]
+    m = _gelu_model(shape)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with actorrt.InferenceSession(m) as s:
+        got = s.run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_compiled_gelu_declines_what_it_cannot_take():
+    if not _gelu_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    big = RNG.standard_normal((64, 128)).astype(np.float32)
+    assert not _gelu_numba.gelu_inplace_f32(big[:, ::2].copy()[:10])  # too small
+    assert not _gelu_numba.gelu_inplace_f32(big[:, ::2])               # not contiguous
+    assert not _gelu_numba.gelu_inplace_f32(big.astype(np.float64))    # not float32
+    strided = big[:, ::2]
+    want = _epilogue.gelu_inplace(np.ascontiguousarray(strided))
+    got = _epilogue.gelu_inplace(strided.copy(order="F"))             # numpy path
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)

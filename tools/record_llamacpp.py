@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np

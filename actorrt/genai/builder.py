@@ -37,7 +37,6 @@ RoPE; the builder puts them back in rotate-half order and uses
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any

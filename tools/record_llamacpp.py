@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +51,8 @@ PROMPTS = [
 GREEDY = ["The capital of France is", "Once upon a time,", "The three primary colors are",
           "import numpy as np\n"]
 TINY_STRINGS = ["the theme", "hello the", "  the  t", "ünï 🤖", "t\nh\te", "thethe the",
-                "<|end|> <bos>", ""]
+                "<|end|> <bos>", "", "Hello 123456 world!!\n\n  x", "it's 12 !!!\n\n\n   end",
+                "a1234b 12345 1 1234567", "x  \n\n\t !!\n!! the", "DON'T 's 'S"]
 TOKEN_STRINGS = ["Hello world", "  two leading spaces", "tabs\tand\nnewlines\n\n\n",
                  "ünïcödé 你好 🤖 emoji", "<b>bold</b> and <start_of_turn>user", "1234567 3.14159",
                  "don't won't I'm", "    indented code()", "", " ", "a" * 40]

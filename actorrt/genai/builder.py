@@ -1,4 +1,5 @@
-"""GGUF (llama family) -> ONNX decoder graph with a KV cache, weights kept quantized.
+"""GGUF (llama, qwen2, phi3, gemma3) -> ONNX decoder graph with a KV cache,
+weights kept quantized.
 
 The graph follows onnxruntime-genai's conventions so the same model runs in
 onnxruntime and in actorrt:
@@ -17,14 +18,21 @@ contrib op in the default domain, as onnxruntime-genai emits it) and, in
 ``SkipSimplifiedLayerNormalization``.
 
 How each GGUF weight type becomes a ``MatMulNBits`` weight so that ORT's
-dequantization ``(q - zp) * scale`` equals GGUF's:
+dequantization ``(q - zp) * scale`` equals GGUF's (:func:`nbits_parts`;
+docs/model_breadth.md has the table):
 
-* ``Q4_1`` (``d * q + m``): bits=4, scale ``d``, float32 zero point ``-m / d``
-  (equal within float32 rounding; a block with ``d == 0`` becomes
+* symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K): the codes with uint8
+  zero points 8 / 16 / 128 / 4 / 32 (exact), 4 or 8 bits, blocks of 32 or 16;
+* 4-bit affine types (``d * q + m``: Q4_1, Q4_K, Q2_K): float32 zero point
+  ``-m / d`` (equal within float32 rounding; a block with ``d == 0`` becomes
   ``q = 0, zp = -1, scale = m``, exact);
-* ``Q4_0`` (``d * (q - 8)``): bits=4, uint8 packed zero point 8 (exact);
-* ``Q8_0`` (``d * q``): bits=8, ``q + 128`` stored as uint8, uint8 zero
-  point 128 (exact).
+* 8-bit affine types (Q5_1, Q5_K): uint8 zero point 16 plus a correction
+  ``sum(x over each block) @ (m + 16 d)`` (onnxruntime refuses 8-bit float
+  zero points).
+
+Architectures: ``llama``, ``qwen2`` (q/k/v biases), ``phi3`` (fused qkv and
+gate_up), ``gemma3`` (embedding scale, q/k head norms, sandwich norms,
+GELU-tanh MLP, sliding-window local layers with their own RoPE base).
 
 A ``Q8_0`` token embedding is gathered straight from the same uint8 blocks the
 tied ``lm_head`` uses (``Gather`` + ``Cast`` + ``Sub`` + ``Mul``: exact), so
@@ -37,7 +45,6 @@ RoPE; the builder puts them back in rotate-half order and uses
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -549,7 +556,8 @@ class _LlamaBuilder:
 
 def build_onnx(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = True,
                max_position: int | None = None, accuracy_level: int = 0) -> dict[str, Any]:
-    """Converts a llama-family GGUF into ``out_dir/model.onnx`` + ``model.onnx.data``.
+    """Converts a GGUF (see :data:`~actorrt.genai._gguf.SUPPORTED_ARCHS`) into
+    ``out_dir/model.onnx`` + ``model.onnx.data``.
 
     Args:
         gguf_path: the ``.gguf`` file.

@@ -125,11 +125,19 @@ def normalize_chat_messages(messages: Any) -> list[dict[str, Any]]:
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
+LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 #: llama.cpp pre-tokenizer name -> regexes applied in order (llama-vocab.cpp).
 PRE_TOKENIZER_REGEXES: dict[str, tuple[str, ...]] = {
     **{name: (r"\p{N}", GPT2_REGEX) for name in
        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")},
     **{name: (GPT2_REGEX,) for name in ("gpt-2", "mpt", "olmo", "jais")},
+    **{name: (LLAMA3_REGEX,) for name in ("llama3", "llama-v3", "llama-bpe", "falcon3",
+                                          "pixtral")},
+    **{name: (QWEN2_REGEX,) for name in ("qwen2", "deepseek-r1-qwen", "megrez")},
 }
 
 #: Texts of control tokens llama.cpp treats as end-of-generation besides the EOS id.
@@ -186,9 +194,13 @@ def build_hf_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types
         raise ModelLoadError("malformed BPE merges: a merge without a space")
     vocab = {tok: i for i, tok in enumerate(tokens)}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
-    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes[:-1]]
-    # the last regex is GPT-2's, which ByteLevel applies itself before mapping bytes
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    if regexes[-1] == GPT2_REGEX:
+        steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes[:-1]]
+        # the last regex is GPT-2's, which ByteLevel applies itself before mapping bytes
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    else:
+        steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     control = [AddedToken(t, special=True, normalized=False)

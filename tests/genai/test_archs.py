@@ -33,7 +33,7 @@ Q = gguf.GGMLQuantizationType
 HIDDEN, N_HEAD, N_KV, FFN, VOCAB = 64, 4, 2, 96, 300
 
 
-def _tokenizer_fields(w, spm: bool) -> None:
+def _tokenizer_fields(w, spm: bool, pre: str = "gpt-2") -> None:
     if spm:  # SentencePiece-style vocabulary with byte fallback
         tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
         tokens += ["▁", "t", "h", "e", "th", "the", "▁the", "▁t"]
@@ -54,13 +54,17 @@ def _tokenizer_fields(w, spm: bool) -> None:
         w.add_add_space_prefix(False)
         return
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens = specials + [bytes_to_unicode()[b] for b in range(256)] + ["Ġt", "he", "Ġthe"]
+    # merges that cross the pre-tokenizers' split points (digit runs, spaces, newlines)
+    merges = ["Ġ t", "h e", "Ġt he", "1 2", "12 3", "123 4", "Ġ Ġ", "! !", "Ċ Ċ", "' s",
+              "Ġ 1", "Ġ !", "! Ċ", "ĠĠ Ġ"]
+    tokens = specials + [bytes_to_unicode()[b] for b in range(256)]
+    tokens += [m.replace(" ", "") for m in merges]
     tokens += [f"<unused{i}>" for i in range(VOCAB - len(tokens))]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3] * 3 + [1] * (len(tokens) - 3))
-    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
@@ -68,7 +72,7 @@ def _tokenizer_fields(w, spm: bool) -> None:
 
 def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int = 2,
                     window: int = 0, seed: int = 0, head_dim: int | None = None,
-                    hidden: int = 64, ffn: int = 96) -> Path:
+                    hidden: int = 64, ffn: int = 96, pre: str = "gpt-2") -> Path:
     """A tiny random model of ``arch`` (llama, qwen2, phi3 or gemma3)."""
     HIDDEN, FFN = hidden, ffn  # noqa: N806
     rng = np.random.default_rng(seed)
@@ -89,7 +93,7 @@ def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int 
     w.add_layer_norm_rms_eps(1e-6)
     if window:
         w.add_sliding_window(window)
-    _tokenizer_fields(w, spm=arch in ("gemma3", "phi3"))
+    _tokenizer_fields(w, spm=arch in ("gemma3", "phi3"), pre=pre)
 
     def add(name, arr, kind):
         arr = np.asarray(arr, np.float32)
@@ -234,14 +238,14 @@ def reference_logits(path: Path, ids: list[int]) -> np.ndarray:
 
 
 CASES = {
-    "qwen2": dict(arch="qwen2"),
+    "qwen2": dict(arch="qwen2", pre="qwen2"),
     "qwen2-q4_k": dict(arch="qwen2", qtype="Q4_K", hidden=256, ffn=256),
     "phi3": dict(arch="phi3"),
     "phi3-q6_k": dict(arch="phi3", qtype="Q6_K", hidden=256, ffn=256),
     "llama-q5_k": dict(arch="llama", qtype="Q5_K", hidden=256, ffn=512),
     "llama-q3_k": dict(arch="llama", qtype="Q3_K", hidden=256, ffn=256),
     "qwen2-q2_k": dict(arch="qwen2", qtype="Q2_K", hidden=256, ffn=256),
-    "llama-sliding": dict(arch="llama", window=4, qtype="Q4_0"),
+    "llama-sliding": dict(arch="llama", window=4, qtype="Q4_0", pre="llama-bpe"),
     "gemma3": dict(arch="gemma3", n_layer=7, window=4, head_dim=32, qtype="Q5_0"),
 }
 IDS = [2, 262, 265, 266, 150, 40, 77, 264, 263, 5, 99, 120]
@@ -348,10 +352,11 @@ def test_arch_top1_equals_llama_cpp(built, case):
     assert np.array_equal(got[clear], np.array(rec["top1"])[clear]), (got, rec["top1"])
 
 
-@pytest.mark.parametrize("case", ["gemma3", "qwen2", "llama-sliding"])
+@pytest.mark.parametrize("case", ["gemma3", "qwen2", "llama-sliding", "llama-q5_k"])
 def test_tokenizer_ids_equal_llama_cpp(built, case):
     """SPM (gemma3's tiny vocabulary: merges by score, byte fallback) and
-    byte-level BPE tokenization equal llama.cpp's recorded ids, BOS included."""
+    byte-level BPE tokenization with the qwen2 / llama-bpe / gpt-2 pre-tokenizers
+    equal llama.cpp's recorded ids, BOS included."""
     import json
 
     from actorrt.genai.tokenizer import Tokenizer

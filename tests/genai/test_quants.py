@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 ort = pytest.importorskip("onnxruntime")
 
 from gguf.quants import dequantize, quantize  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
 from actorrt import InferenceSession  # noqa: E402
 from actorrt.genai._gguf import QUANTIZED_TYPES, split_blocks  # noqa: E402

@@ -50,7 +50,10 @@ def generate_main(args: argparse.Namespace) -> int:
         return 2
     # argv bytes that were not UTF-8 in the locale's encoding arrive as lone
     # surrogates: the original bytes, read as UTF-8 (U+FFFD where invalid)
-    args.prompt = os.fsencode(args.prompt).decode("utf-8", errors="replace")
+    try:
+        args.prompt = os.fsencode(args.prompt).decode("utf-8", errors="replace")
+    except UnicodeEncodeError:  # text the filesystem encoding cannot hold: not from argv
+        pass
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
 
     async def main() -> None:

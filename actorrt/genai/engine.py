@@ -51,6 +51,7 @@ from .._errors import (ActorRTError, GenerationError, InvalidArgumentError, OutO
                        SessionClosedError, UnwrapGroups)
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
+from .admission import encode_prompt, kv_error, kv_need, kv_room, kv_room_alone
 from .models import LOGITS_POSITIONS
 from .sampling import Sampler, SamplingParams, TokenLogprob
 
@@ -326,51 +327,20 @@ class Engine:
 
     # ----------------------------------------------------------------- API
     def encode_prompt(self, prompt: Prompt, *, special_in_content: bool = False) -> list[int]:
-        """Token ids of a prompt: a string (tokenized as is: control-token text
-        such as ``<|im_end|>`` stays plain text), token ids (a list or a 1-D
-        integer array), or chat messages rendered with the model's chat
-        template (:meth:`Tokenizer.encode_chat`: the template's control tokens
-        are special, text inside contents is not, unless
-        ``special_in_content``; pass the ids this returns to :meth:`generate`
-        to use that opt-in).
+        """Token ids of a prompt (:func:`actorrt.genai.admission.encode_prompt`):
+        a string, token ids (a list or a 1-D integer array), or chat messages
+        rendered with the model's chat template, whose contents are never read
+        as control tokens unless ``special_in_content`` (pass the ids this
+        returns to :meth:`generate` to use that opt-in).
 
         Raises:
             InvalidArgumentError: bytes (decode them first), text with a lone
                 surrogate, malformed chat messages, out-of-vocab or non-integer
                 ids, a prompt of another type, a non-bool flag.
         """
-        if not isinstance(special_in_content, bool):
-            raise InvalidArgumentError("special_in_content must be a bool",
-                                       expected="True or False", got=repr(special_in_content))
-        if isinstance(prompt, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError("a bytes prompt is ambiguous: decode it to str first "
-                                       "(or pass a list of token ids)",
-                                       expected="str | list[int] | list[dict]",
-                                       got=type(prompt).__name__)
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, np.ndarray):
-            if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
-                raise InvalidArgumentError("a token-id array must be 1-D integers",
-                                           expected="1-D int array",
-                                           got=f"{prompt.ndim}-D {prompt.dtype}")
-            prompt = prompt.tolist()
-        if isinstance(prompt, Sequence) and prompt and any(isinstance(m, dict) for m in prompt):
-            return list(self.tokenizer.encode_chat(list(prompt), add_generation_prompt=True,
-                                                   special_in_content=special_in_content))
-        if isinstance(prompt, Sequence) and all(
-                isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
-                for t in prompt):
-            ids = [int(t) for t in prompt]
-            vocab = int(self.config.get("vocab_size", 1 << 31))
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidArgumentError("prompt token ids out of the vocabulary",
-                                           expected=f"ids in [0, {vocab})", got=str(bad[:5]))
-            return ids
-        raise InvalidArgumentError("prompt must be a string, a list of token ids or a list of "
-                                   "chat messages", expected="str | list[int] | list[dict]",
-                                   got=type(prompt).__name__)
+        return encode_prompt(self.tokenizer, prompt,
+                             vocab_size=int(self.config.get("vocab_size", 1 << 31)),
+                             special_in_content=special_in_content)
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, *,
                details: bool = False) -> GenerationStream:
@@ -531,46 +501,19 @@ class Engine:
 
     # ------------------------------------------------------- KV accounting
     def _kv_need(self, reqs: Sequence[_Request]) -> int:
-        """Most KV-cache bytes the engine holds at once while serving ``reqs``
-        together (bytes).
-
-        Decoding requests share one right-padded buffer: a row each, every row
-        as long as the longest capacity (:meth:`_capacity`) of the batch. When
-        the batch changes (a request joins or leaves) the new buffer is
-        filled from the old one and the newcomers' own prefill caches, which
-        are held until then and together are at most as big again: twice the
-        padded batch. A request alone needs its own cache (which becomes the
-        batch, no copy) plus at most a copy of its prompt's rows (a prefill
-        run shared with requests that left)."""
-        if not reqs:
-            return 0
-        if len(reqs) == 1:
-            r = reqs[0]
-            return (self._capacity(r) + len(r.prompt)) * self.bytes_per_token
-        return 2 * len(reqs) * max(self._capacity(r) for r in reqs) * self.bytes_per_token
+        """Most KV-cache bytes serving ``reqs`` together holds at once
+        (:func:`actorrt.genai.admission.kv_need`)."""
+        return kv_need([(self._capacity(r), len(r.prompt)) for r in reqs],
+                       self.bytes_per_token)
 
     def _kv_room(self) -> int | None:
-        """KV bytes the engine may hold now: the smaller of ``kv_budget_bytes``
-        and what the host provider's memory limit leaves beside everything
-        else it holds (weights, ...); ``None``: unlimited."""
-        room = self.kv_budget
-        mem = self._host.memory
-        if mem.limit is not None:
-            st = mem.statistics()
-            left = mem.limit - (st.live_bytes - st.live_by_role.get("kv-cache", 0))
-            room = left if room is None else min(room, left)
-        return room
+        """KV bytes the engine may hold now (:func:`~actorrt.genai.admission.kv_room`)."""
+        return kv_room(self.kv_budget, self._host.memory)
 
     def _kv_error(self, req: _Request, room: int) -> OutOfMemoryError:
-        mem = self._host.memory
-        need = self._kv_need([req])
-        return OutOfMemoryError(
-            f"a request of {len(req.prompt)} prompt tokens + {req.params.max_new_tokens} new "
-            f"tokens needs {need} bytes of KV cache ({self.bytes_per_token} bytes a token); "
-            f"the session's memory limit leaves {max(room, 0)} bytes for it beside the "
-            f"weights: lower max_new_tokens, shorten the prompt or raise memory_limit",
-            requested=need, in_use=mem.statistics().live_bytes, limit=mem.limit,
-            role="kv-cache", provider=mem.provider, model=self.session.model_name)
+        return kv_error(len(req.prompt), req.params.max_new_tokens, self._kv_need([req]),
+                        self.bytes_per_token, room, self._host.memory,
+                        self.session.model_name)
 
     def _check_fits_alone(self, req: _Request) -> None:
         """Refuse, before queueing, a request that could not run even alone.
@@ -586,11 +529,9 @@ class Engine:
                 f"request needs {need} bytes of KV cache ({len(req.prompt)} prompt tokens + "
                 f"{req.params.max_new_tokens} new tokens, {self.bytes_per_token} bytes a "
                 f"token); the engine's budget is {self.kv_budget} bytes")
-        mem = self._host.memory
-        if mem.limit is not None:
-            room = mem.limit - mem.statistics().live_by_role.get("weights", 0)
-            if need > room:
-                raise self._kv_error(req, room)
+        room = kv_room_alone(self._host.memory)
+        if room is not None and need > room:
+            raise self._kv_error(req, room)
 
     def _prefill_out_of_memory(self, group: list[_Request], exc: OutOfMemoryError) -> None:
         """A prefill ran out of memory: its requests wait again at the head

@@ -267,3 +267,22 @@ def test_the_kv_need_bounds_what_serving_the_set_allocates():
     assert Engine._kv_need(fake, [b]) == (100 + 50) * 10  # capacity capped by the context
     assert Engine._kv_need(fake, [a, b]) == 2 * 2 * 100 * 10
     assert Engine._kv_need(fake, [a, a, a]) == 2 * 3 * 25 * 10
+
+
+def test_kv_room_is_the_budget_or_what_the_limit_leaves():
+    from actorrt.genai.admission import kv_error, kv_need, kv_room, kv_room_alone
+    from actorrt.providers._memory import MemoryAccountant
+
+    assert kv_need([(30, 10)], 4) == 160 and kv_need([(30, 10), (50, 5)], 4) == 800
+    free = MemoryAccountant("cpu")
+    assert kv_room(None, free) is None and kv_room(500, free) == 500
+    assert kv_room_alone(free) is None
+    mem = MemoryAccountant("cpu", limit=1000)
+    mem.reserve(300, "weights")
+    mem.reserve(200, "kv-cache")  # the engine's own KV does not shrink its room
+    mem.reserve(100, "workspace")
+    assert kv_room(None, mem) == 600 and kv_room(450, mem) == 450
+    assert kv_room_alone(mem) == 700
+    err = kv_error(900, 100, 5000, 5, 700, mem, "m.onnx")
+    assert isinstance(err, actorrt.OutOfMemoryError) and err.model == "m.onnx"
+    assert err.requested == 5000 and err.limit == 1000 and err.role == "kv-cache"

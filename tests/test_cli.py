@@ -81,7 +81,8 @@ def test_accuracy_level_flag_takes_only_the_offered_levels(cmd, capsys):
     assert "--accuracy-level: invalid choice: 2 (choose from 0, 4)" in capsys.readouterr().err
     from actorrt.cli import build_parser
     assert build_parser().parse_args([*cmd, "--accuracy-level", "4"]).accuracy_level == 4
-    assert build_parser().parse_args(cmd).accuracy_level == 0
+    assert build_parser().parse_args([*cmd, "--accuracy-level", "0"]).accuracy_level == 0
+    assert build_parser().parse_args(cmd).accuracy_level == 4  # the default
 
 
 def _argument_cases(tmp_path):

@@ -1028,7 +1028,7 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 providers: Sequence[Any] | None = None,
                 options: SessionOptions | None = None,
                 home: str | Path | None = None,
-                accuracy_level: int = 0) -> AsyncContextManager[Engine]:
+                accuracy_level: int = 4) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -1055,10 +1055,13 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             (measured here: slower at batch 1 and at batch 8).
         home: model cache root (see :func:`actorrt.genai.prepare_model`).
         accuracy_level: ``MatMulNBits`` ``accuracy_level`` of the graph to run
-            (:func:`actorrt.genai.models.model_file`): 0 keeps activations in
-            float32 (the logits match onnxruntime on the same file to 1e-3);
-            4 quantizes them to int8 per 32-value block where the CPU has
-            AVX2 (faster decode, logits within a few 1e-2 of level 0).
+            (:func:`actorrt.genai.models.model_file`): 4 (the default, as
+            onnxruntime-genai's CPU int4 models and llama.cpp's Q8 activations)
+            quantizes activations to int8 per 32-value block where the CPU has
+            AVX2 (SmolLM2-135M Q4_1: teacher-forced perplexity on 3,768 tokens
+            of CPython's LICENSE.txt 5.830 vs 5.811 at level 0, +0.34 %;
+            ``benchmarks/perplexity.py``); 0 keeps them float32 (the logits
+            match onnxruntime on the same file to 1e-3).
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an

@@ -353,7 +353,7 @@ async def test_engine_greedy_equals_the_full_logits_file(model_dir):
         return out
 
     want = await trio.to_thread.run_sync(reference)
-    async with open_engine(model_dir) as engine:
+    async with open_engine(model_dir, accuracy_level=0) as engine:
         assert engine.session.model_name.endswith("model.last.onnx")
         got = await engine.generate(ids, SamplingParams(max_new_tokens=24, ignore_eos=True))
         engine.prefill_chunk = 3  # the prompt over three prefill runs
@@ -434,8 +434,8 @@ def test_accuracy_level_4_keeps_perplexity_and_next_tokens(model_dir):
     assert np.abs(logits[0] - logits[4]).max() > 1e-3  # int8 really ran
 
 
-async def test_engine_runs_the_accuracy_level_4_graph(model_dir):
-    async with open_engine(model_dir, accuracy_level=4) as engine:
+async def test_engine_runs_the_accuracy_level_4_graph_by_default(model_dir):
+    async with open_engine(model_dir) as engine:
         assert engine.session.model_name.endswith("model.accuracy4.last.onnx")
         result = await engine.generate("The capital of France is", GREEDY)
     assert "Paris" in result.text

@@ -25,13 +25,16 @@ bytes per 4-bit weight). The float32-activation kernels of
 The block dot product is written in LLVM IR with the AVX2 byte
 multiply-add instructions (``vpmaddubsw``, ``vpmaddwd``): numba's own loops
 vectorize a 32-value integer dot product with a horizontal reduction per
-block, ~4x slower. One row of A (decode) is multiplied with four output
-columns per pass: their weight blocks are adjacent in memory (one sequential
-stream), and the four accumulators are independent chains (one column at a
-time ran at an add's latency per block: 10-12 G weights/s on one core here,
-four at a time 15-17). :data:`HAVE_INT8_DOT` is False without numba, off
-x86-64, without AVX2, or when numba compiles for another CPU than the host
-(``NUMBA_CPU_NAME``); MatMulNBits then keeps float32 activations.
+block, ~4x slower. Every M runs tiles of up to four rows of A times one
+interleaved group of four output columns (:func:`_tile_codegen`): the
+group's weight blocks are adjacent in memory (one sequential stream), loaded
+and unpacked once for all rows of the tile, with one accumulator per row;
+rows run in blocks of :data:`ROW_BLOCK` so their activations stay in L2
+while a column chunk passes over them. Each row's float operations are the
+same whatever the tile, so a row's outputs are bit for bit the same at batch
+1, in a decode batch and in a prompt. :data:`HAVE_INT8_DOT` is False without
+numba, off x86-64, without AVX2, or when numba compiles for another CPU than
+the host (``NUMBA_CPU_NAME``); MatMulNBits then keeps float32 activations.
 
 Layouts (C-contiguous; :func:`pack_i8`):
     weight values: 4-bit 16 bytes per block, value ``2i`` in the low nibble
@@ -90,6 +93,14 @@ PREFETCH_BLOCKS = 16
 GEMV_PARALLEL_MIN_WEIGHTS = 1 << 22
 #: more rows run on one thread below this many multiply-adds (M x N x K)
 GEMM_PARALLEL_MIN_WORK = 1 << 22
+#: from this many rows of A the kernels run rows x columns tiles (:func:`_tile_codegen`):
+#: each weight block unpacked once for up to four rows. 1: every row, decode
+#: at batch 1 included, so a row's outputs do not depend on the batch; more
+#: rows than that take the older one-row group kernel (for comparisons)
+TILE_MIN_ROWS = 1
+#: rows of A per pass over a column chunk's weights in the tiled kernel: a
+#: block's activations (ROW_BLOCK x K int8, 36-96 KB for K 576-1536) stay in L2
+ROW_BLOCK = 64
 _WARM = False
 
 if HAVE_INT8_DOT:
@@ -380,87 +391,113 @@ if HAVE_INT8_DOT:
                                                  d, dz, d_off, z_off, dstride, nb),
                 _dot_group_codegen(_bits_of(w), 3))
 
-    def _dot8_codegen(bits):
-        """IR of the eight outputs of rows r0..r0+7 for one weight column
-        (blocks ``wstride`` bytes apart, scales ``dstride`` apart):
-        sum over blocks b of d[n, b] * sx[r, b] * isum(r, b) - dz[n, b] * xsum[r, b].
-        The eight rows' block sums are reduced into one <8 x i32> (lane r: row
-        r) by a transpose-and-add tree, so one conversion and two FMAs serve
-        all eight rows, with ``sxT`` / ``xsT`` holding each block's eight row
-        scales / sums side by side."""
+    _dot1 = _dot_rows_intrinsic(1)
+
+    def _tile_codegen(bits, rows, locality=None):  # locality: prefetch ahead
+        """IR of ``rows`` rows of A times the four output columns of one
+        interleaved group (see :func:`pack_i8`), rows ``row_x`` int8 values
+        apart in ``xq`` and ``nb`` scales apart in ``sx`` / ``xsum``. Per
+        block the four columns' weights are loaded and unpacked once for all
+        rows; per row the four <8 x i32> block sums are reduced pairwise
+        into one vector (lanes c and c + 4: column c's two halves), converted
+        once and scaled by the four columns' scales times the row's scale
+        (one FMA), the zero-point term subtracted in the same accumulator
+        (lanes 0-3). One <8 x float> accumulator per row, so a tile of up to
+        four rows stays in registers.
+
+        Every row runs the same float operations in the same order whatever
+        the tile's size (only FMA contraction allowed, no reassociation), so
+        a row's outputs are bit for bit the same alone (decode at batch 1),
+        in a batch or in a prompt."""
+        per = 16 if bits == 4 else BLOCK
 
         def codegen(context, builder, sig, args):
-            (wa, xa, ta, ua, da, za), (w_off, wstride, x_off, t_off, n_off, z_off, dstride,
+            (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
                                        nb) = _unpack(context, builder, sig, args,
-                                                     (0, 3, 5, 6, 7, 8),
-                                                     (1, 2, 4, 9, 10, 11, 12, 13))
-            dty = sig.args[7]
+                                                     (0, 3, 5, 6, 8, 9),
+                                                     (1, 2, 4, 7, 10, 11, 12, 13))
+            dty = sig.args[8]
             ops = _declare(builder)
-            v32, v8f = _V(_i8, 32), _V(_f32, 8)
+            v32, v8f, v4f, v8i = _V(_i8, 32), _V(_f32, 8), _V(_f32, 4), _V(_i32, 8)
             zero = _splat(_f32, 0.0, 8)
+            zero4 = _splat(_f32, 0.0, 4)
+            fast = ("contract",)
             row_x = builder.mul(nb, _i64(BLOCK))  # in the entry block, before the phis
-            entry, loop, done, b = _block_loop(builder, nb, "i8dot8")
-            acc = builder.phi(v8f)
-            corr = builder.phi(v8f)
-            acc.add_incoming(zero, entry)
-            corr.add_incoming(zero, entry)
-            wv, ws = _weight_block(builder, bits, wa, w_off, b, ops[2], wstride)
-            x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
-            parts = [_block_isum(builder, ops, wv, ws,
-                                 _load_vec(builder, xa, builder.add(x_at, builder.mul(
-                                     row_x, _i64(r))), v32)) for r in range(8)]
-
-            def fold(a, c, lo_idx, hi_idx):
-                return builder.add(
-                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8), lo_idx)),
-                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8), hi_idx)))
-
-            # lanes of parts[r] summed into lane r: pairs, quads, then halves
-            q = [fold(parts[i], parts[i + 1], [0, 8, 2, 10, 4, 12, 6, 14],
-                      [1, 9, 3, 11, 5, 13, 7, 15]) for i in range(0, 8, 2)]
-            u = [fold(q[i], q[i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
-                 for i in (0, 2)]
-            isum = fold(u[0], u[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+            entry, loop, done, b = _block_loop(builder, nb, "i8tile")
+            accs = [builder.phi(v8f) for _ in range(rows)]
+            for phi in accs:
+                phi.add_incoming(zero, entry)
+            if locality is not None:  # the weights PREFETCH_BLOCKS blocks ahead
+                _prefetch(builder, wa, builder.add(w_off, builder.mul(
+                    builder.add(b, _i64(PREFETCH_BLOCKS)), wstride)), locality)
             step = builder.mul(b, dstride)
-            at_t = builder.add(t_off, builder.mul(b, _i64(8)))
-            dv = _broadcast(builder, _load_scales(builder, dty, da, builder.add(n_off, step), 1))
-            zv = _broadcast(builder, _load_zero_points(builder, sig, 8, dty, za,
-                                                       builder.add(z_off, step), 1))
-            sxv = _load_vec(builder, ta, at_t, v8f)
-            xsv = _load_vec(builder, ua, at_t, v8f)
-            fast = ("fast",)
-            acc1 = builder.fadd(acc, builder.fmul(builder.sitofp(isum, v8f),
-                                                  builder.fmul(dv, sxv, flags=fast), flags=fast),
-                                flags=fast)
-            corr1 = builder.fadd(corr, builder.fmul(zv, xsv, flags=fast), flags=fast)
+            d4 = _load_scales(builder, dty, da, builder.add(d_off, step), 4)
+            z4 = _load_zero_points(builder, sig, 9, dty, za, builder.add(z_off, step), 4)
+            both = ir.Constant(_V(_i32, 8), [0, 1, 2, 3, 0, 1, 2, 3])
+            low = ir.Constant(_V(_i32, 8), [0, 1, 2, 3, 4, 5, 6, 7])
+            d8 = builder.shuffle_vector(d4, d4, both)
+            z8 = builder.shuffle_vector(z4, zero4, low)  # the zero-point term in lanes 0-3
+            wts = [_weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
+                                 ops[2], wstride) for c in range(4)]
+            x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
+            s_at = builder.add(s_off, b)
+
+            def pairs(a, c):  # per 128-bit half: a0+a1, a2+a3, c0+c1, c2+c3
+                return builder.add(
+                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8),
+                                                             [0, 2, 8, 10, 4, 6, 12, 14])),
+                    builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 8),
+                                                             [1, 3, 9, 11, 5, 7, 13, 15])))
+
+            new = []
+            for r in range(rows):
+                xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
+                sums = [_block_isum(builder, ops, wv, ws, xv) for wv, ws in wts]
+                isum = pairs(pairs(sums[0], sums[1]), pairs(sums[2], sums[3]))
+                s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
+                sxv = _broadcast(builder, builder.load(builder.gep(sa, [s_r])))
+                xsv = _broadcast(builder, builder.load(builder.gep(ua, [s_r])))
+                acc = builder.fadd(accs[r], builder.fmul(builder.sitofp(isum, v8f),
+                                                         builder.fmul(d8, sxv, flags=fast),
+                                                         flags=fast), flags=fast)
+                new.append(builder.fsub(acc, builder.fmul(z8, xsv, flags=fast), flags=fast))
             b1 = builder.add(b, _i64(1))
             b.add_incoming(b1, loop)
-            acc.add_incoming(acc1, loop)
-            corr.add_incoming(corr1, loop)
+            for phi, val in zip(accs, new):
+                phi.add_incoming(val, loop)
             builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
 
             builder.position_at_end(done)
-            acc_f = builder.phi(v8f)
-            corr_f = builder.phi(v8f)
-            acc_f.add_incoming(zero, entry)
-            acc_f.add_incoming(acc1, loop)
-            corr_f.add_incoming(zero, entry)
-            corr_f.add_incoming(corr1, loop)
-            res = builder.fsub(acc_f, corr_f)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_element(res, _i32(r)) for r in range(8)])
+            finals = []
+            for val in new:
+                phi = builder.phi(v8f)  # every phi first, then the reductions
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, loop)
+                finals.append(phi)
+            outs = []
+            for r in range(rows):
+                lo4 = builder.shuffle_vector(finals[r], finals[r],
+                                             ir.Constant(_V(_i32, 4), [0, 1, 2, 3]))
+                hi4 = builder.shuffle_vector(finals[r], finals[r],
+                                             ir.Constant(_V(_i32, 4), [4, 5, 6, 7]))
+                tot = builder.fadd(lo4, hi4)
+                outs.extend(builder.extract_element(tot, _i32(c)) for c in range(4))
+            return context.make_tuple(builder, sig.return_type, outs)
 
         return codegen
 
-    @intrinsic
-    def _dot8(typingctx, w, w_off, wstride, xq, x_off, sx_t, xs_t, d, dz, t_off, n_off, z_off,
-              dstride, nb):
-        sig = types.UniTuple(types.float32, 8)(w, w_off, wstride, xq, x_off, sx_t, xs_t, d, dz,
-                                               t_off, n_off, z_off, dstride, nb)
-        return sig, _dot8_codegen(_bits_of(w))
+    def _tile_intrinsic(rows, locality=None):
+        def typer(typingctx, w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off,
+                  z_off, dstride, nb):
+            return (types.UniTuple(types.float32, 4 * rows)(
+                w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off, z_off, dstride, nb),
+                _tile_codegen(_bits_of(w), rows, locality))
+        typer.__name__ = f"_tile_i8_x{rows}" + ("_pf" if locality is not None else "")
+        return intrinsic(typer)
 
-    _dot4 = _dot_rows_intrinsic(4)
-    _dot1 = _dot_rows_intrinsic(1)
+    # (the prefetching ones for the fused blocks' short weight streams, as _group_pf)
+    _tile4, _tile3, _tile2, _tile1 = (_tile_intrinsic(r) for r in (4, 3, 2, 1))
+    _tile4_pf, _tile3_pf, _tile2_pf, _tile1_pf = (_tile_intrinsic(r, 3) for r in (4, 3, 2, 1))
 
     # Rounding must be onnxruntime's bit for bit: float32 scale = max|a| / 127,
     # inv = 1 / scale, q = rint(a * inv), each correctly rounded. numba may
@@ -576,12 +613,16 @@ if HAVE_INT8_DOT:
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch):  # pragma: no cover
-        # output columns lo..hi (lo a multiple of 4): eight (then four)
-        # rows of xq per pass over a weight column (read from memory
-        # once, reused from L1); the last rows (fewer than four: decode)
-        # one interleaved group of four columns per pass over a row of
-        # xq (prefetch: with _group_pf). sx_t / xs_t: (M // 8, nb, 8)
-        # transposed copies
+        # output columns lo..hi (lo a multiple of 4) of every row of xq:
+        # from TILE_MIN_ROWS rows (every row by default) tiles of up to
+        # four rows x one interleaved group of four columns (_tile4, each weight
+        # block unpacked once for the tile), the rows in blocks of ROW_BLOCK
+        # so a block's activations stay in L2 while the chunk's column groups
+        # pass over them; the last N % 4 columns one row at a time. sx_t /
+        # xs_t: (M // 8, nb, 8) transposed copies of sx / xsum (unused by
+        # the tiles; the quantize stages still write them). Fewer rows than
+        # TILE_MIN_ROWS: one group of four columns per pass over a row
+        # (prefetch: with _group_pf and the _pf tiles)
         m_rows = xq.shape[0]
         n_all = w.shape[0]
         kp = xq.shape[1]
@@ -596,25 +637,63 @@ if HAVE_INT8_DOT:
         xf = xq.reshape(-1)
         sf = sx.reshape(-1)
         uf = xsum.reshape(-1)
-        tf = sx_t.reshape(-1)
-        vf = xs_t.reshape(-1)
-        grouped = m_rows - m_rows % 4
-        if grouped:
-            for n in range(lo, hi):
-                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
-                m = 0
-                while m + 8 <= grouped:
-                    t8 = _dot8(wf, wb, ws, xf, m * kp, tf, vf, df, zf, m * nb, db, zb, ds, nb)
-                    for r in range(8):
-                        out[m + r, n] = t8[r]
-                    m += 8
-                while m + 4 <= grouped:
-                    t = _dot4(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds, nb)
-                    for r in range(4):
-                        out[m + r, n] = t[r]
-                    m += 4
         full = min(hi, g4)
-        for m in range(grouped, m_rows):
+        if m_rows >= TILE_MIN_ROWS:
+            r0 = 0
+            while r0 < m_rows:
+                r1 = min(m_rows, r0 + ROW_BLOCK)
+                n = lo
+                while n + 4 <= full:
+                    wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
+                    m = r0
+                    while m + 4 <= r1:
+                        if prefetch:
+                            t = _tile4_pf(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db,
+                                          zb, ds, nb)
+                        else:
+                            t = _tile4(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb,
+                                       ds, nb)
+                        for i in range(16):
+                            out[m + i // 4, n + i % 4] = t[i]
+                        m += 4
+                    if r1 - m == 3:
+                        if prefetch:
+                            t3 = _tile3_pf(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db,
+                                           zb, ds, nb)
+                        else:
+                            t3 = _tile3(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb,
+                                        ds, nb)
+                        for i in range(12):
+                            out[m + i // 4, n + i % 4] = t3[i]
+                    elif r1 - m == 2:
+                        if prefetch:
+                            t2 = _tile2_pf(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db,
+                                           zb, ds, nb)
+                        else:
+                            t2 = _tile2(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb,
+                                        ds, nb)
+                        for i in range(8):
+                            out[m + i // 4, n + i % 4] = t2[i]
+                    elif r1 - m == 1:
+                        if prefetch:
+                            t1 = _tile1_pf(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db,
+                                           zb, ds, nb)
+                        else:
+                            t1 = _tile1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb,
+                                        ds, nb)
+                        for i in range(4):
+                            out[m, n + i] = t1[i]
+                    n += 4
+                r0 = r1
+            # the last N % 4 columns one row at a time (the same arithmetic for
+            # every row, as the tiles)
+            for n in range(max(lo, g4), hi):
+                wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
+                for m in range(m_rows):
+                    out[m, n] = _dot1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb,
+                                      ds, nb)
+            return
+        for m in range(m_rows):
             n = lo
             while n + 4 <= full:
                 wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
@@ -628,9 +707,8 @@ if HAVE_INT8_DOT:
             while n < hi:
                 wb, ws, db, zb, ds = _column(n, n_all, nb, per, emb, sym)
                 out[m, n] = _dot1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds,
-                                 nb)
+                                  nb)
                 n += 1
-
 
     @njit(nogil=True, cache=True)
     def _quantize_into(a, xq, sx, xsum, sx_t, xs_t, r0, r1):  # pragma: no cover - compiled

@@ -292,7 +292,8 @@ if _i8.HAVE_INT8_DOT:
         # up to three projections of the same quantized activation, their
         # column chunks numbered one after another: each projection in about
         # ``parts`` chunks of at least cw columns (a claimed chunk costs about
-        # a microsecond)
+        # a microsecond); a chunk runs every row in _i8._cols' row x column
+        # tiles (each weight block unpacked once per four rows)
         xq, sx, xsum, sx_t, xs_t = xb
         n0, n1, n2 = mats[0][0].shape[0], mats[1][0].shape[0], mats[2][0].shape[0]
         w0 = max(cw, ((n0 + parts - 1) // parts + 3) // 4 * 4)

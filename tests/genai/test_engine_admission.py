@@ -17,15 +17,6 @@ pytest.importorskip("tokenizers")
 BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 4
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from actorrt.genai import prepare_model
-    try:
-        return prepare_model("smollm2", progress=False)
-    except actorrt.ModelLoadError as exc:  # offline machine
-        pytest.skip(f"SmolLM2 unavailable: {exc}")
-
-
 def _weights_bytes(model_dir) -> int:
     async def main():
         async with open_engine(model_dir) as engine:

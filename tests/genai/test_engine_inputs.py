@@ -15,15 +15,6 @@ from actorrt.genai import SamplingParams, open_engine
 pytest.importorskip("tokenizers")
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from actorrt.genai import prepare_model
-    try:
-        return prepare_model("smollm2", progress=False)
-    except actorrt.ModelLoadError as exc:  # offline machine
-        pytest.skip(f"SmolLM2 unavailable: {exc}")
-
-
 SHORT = SamplingParams(max_new_tokens=3)
 
 

@@ -22,15 +22,6 @@ pytest.importorskip("tokenizers")
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    from actorrt.genai import prepare_model
-    try:
-        return prepare_model("smollm2", progress=False)
-    except actorrt.ModelLoadError as exc:  # offline machine
-        pytest.skip(f"SmolLM2 unavailable: {exc}")
-
-
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     z = z.astype(np.float64)
     m = z.max(-1, keepdims=True)

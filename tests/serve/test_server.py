@@ -30,15 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    from actorrt.genai import prepare_model
-    try:
-        return prepare_model("smollm2", progress=False)
-    except actorrt.ModelLoadError as exc:  # offline machine
-        pytest.skip(f"SmolLM2 unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
 def server(model_dir):
     """(open URL, keyed URL) of two apps over one engine, in a thread."""
     from hypercorn.config import Config

@@ -135,7 +135,7 @@ async def test_a_cut_inside_a_character_drops_its_bytes_not_fffd(model_dir):
 
 async def test_logprobs_are_onnxruntimes_log_softmax(model_dir):
     params = SamplingParams(max_new_tokens=6, logprobs=5, ignore_eos=True)
-    async with open_engine(model_dir) as engine:
+    async with open_engine(model_dir, accuracy_level=0) as engine:
         prompt = engine.encode_prompt(PROMPT)
         stream = engine.stream(prompt, params, details=True)
         pieces = [p async for p in stream]
@@ -156,7 +156,7 @@ async def test_presence_and_frequency_penalties_follow_openai(model_dir):
     fp, pp = 1.5, 0.7
     params = SamplingParams(max_new_tokens=8, ignore_eos=True, frequency_penalty=fp,
                             presence_penalty=pp)
-    async with open_engine(model_dir) as engine:
+    async with open_engine(model_dir, accuracy_level=0) as engine:
         prompt = engine.encode_prompt("One, two, one, two, one, two,")
         got = await engine.generate(prompt, params)
         plain = await engine.generate(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True))

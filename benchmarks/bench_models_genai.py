@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     from actorrt.genai.models import _source_gguf, model_home
     from actorrt.genai.tokenizer import load_tokenizer
-    from actorrt.providers.cpu import _contrib_numba
+    from actorrt.providers.cpu.llm import _contrib_numba
     threads = _contrib_numba.set_num_threads(2)
     folder = prepare_model(args.model)
     gguf = _source_gguf(args.model, model_home(), False)[0]

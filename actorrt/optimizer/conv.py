@@ -119,6 +119,24 @@ def _affine_step(ctx: OptContext, r: NodeSpec | None, x: str, m: int, rank: int 
     return None
 
 
+def _affine_chain(ctx: OptContext, head: NodeSpec, a_tot: np.ndarray, t_tot: np.ndarray,
+                  m: int, rank: int | None):
+    """Walk the per-channel affine nodes (``_affine_step``) that follow
+    ``head``, each the sole reader of the one before, composing them onto
+    ``y = a_tot * x + t_tot``. Returns ``(members, out, a_tot, t_tot)``:
+    ``head`` and the nodes taken, the last one's output, the composed affine."""
+    members, out = [head], head.outputs[0]
+    while True:
+        r = ctx.sole_reader(out)
+        step = _affine_step(ctx, r, out, m, rank)
+        if step is None:
+            return members, out, a_tot, t_tot
+        a, t = step
+        a_tot, t_tot = a_tot * a, t_tot * a + t
+        members.append(r)
+        out = r.outputs[0]
+
+
 def fold_conv_affine(ctx: OptContext) -> None:
     """Fold per-channel affine nodes after a Conv into its weight and bias."""
     for conv in list(ctx.specs):
@@ -134,16 +152,7 @@ def fold_conv_affine(ctx: OptContext) -> None:
         m = w.shape[0]
         rank = ctx.rank(conv.outputs[0]) or ctx.rank(conv.inputs[0]) or w.ndim
         a_tot, t_tot = np.ones(m), (b.astype(np.float64) if b is not None else np.zeros(m))
-        members, out = [conv], conv.outputs[0]
-        while True:
-            r = ctx.sole_reader(out)
-            step = _affine_step(ctx, r, out, m, rank)
-            if step is None:
-                break
-            a, t = step
-            a_tot, t_tot = a_tot * a, t_tot * a + t
-            members.append(r)
-            out = r.outputs[0]
+        members, out, a_tot, t_tot = _affine_chain(ctx, conv, a_tot, t_tot, m, rank)
         if len(members) == 1:
             continue
         shape = (m,) + (1,) * (w.ndim - 1)
@@ -204,16 +213,7 @@ def fuse_affine_activation(ctx: OptContext) -> None:
             continue
         a_tot, t_tot = ab
         m = a_tot.shape[0]
-        members, out = [bn], bn.outputs[0]
-        while True:
-            r = ctx.sole_reader(out)
-            step = _affine_step(ctx, r, out, m, rank)
-            if step is None:
-                break
-            a, t = step
-            a_tot, t_tot = a_tot * a, t_tot * a + t
-            members.append(r)
-            out = r.outputs[0]
+        members, out, a_tot, t_tot = _affine_chain(ctx, bn, a_tot, t_tot, m, rank)
         at: dict[str, Any] = {}
         act = activation_of(ctx, ctx.sole_reader(out), out)
         if act is not None:

@@ -15,7 +15,10 @@ Map (every module is private to this package and the CPU provider):
   :mod:`..contrib`).
 * :mod:`._fused` -- what the fusions share: the step graph, slot names,
   running the original kernels on a fallback.
-* :mod:`._fusion` -- decoder-block fusion and the fused decoder stack.
+* :mod:`._fusion` -- decoder-block fusion and the fused decoder stack:
+  pattern matching, the DecoderBlock/DecoderStack kernels.
+* :mod:`._block_kernels` -- their compiled code: the float32 block, the int8
+  parallel region's stage program and the stack's region over many layers.
 * :mod:`._prologue` -- input-prologue fusions (mask lengths, quantized
   embedding gather).
 

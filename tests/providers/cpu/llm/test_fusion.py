@@ -26,6 +26,7 @@ from actorrt.genai.models import load_genai_config, prepare_model  # noqa: E402
 from actorrt.providers.cpu.llm import _contrib_int8 as ci  # noqa: E402
 from actorrt.providers.cpu.llm import _contrib_numba as nbk  # noqa: E402
 from actorrt.providers.cpu.llm import _fusion  # noqa: E402
+from actorrt.providers.cpu.llm import _block_kernels  # noqa: E402
 from tests.genai.test_builder import write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the fused kernels need numba")
@@ -140,8 +141,9 @@ async def test_stack_equals_the_blocks(tiny, kind, threads, monkeypatch):
     monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
     monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
     calls = []
-    region = _fusion._region_stack
-    monkeypatch.setattr(_fusion, "_region_stack", lambda *a: (calls.append(1), region(*a))[1])
+    region = _block_kernels.region_stack
+    monkeypatch.setattr(_block_kernels, "region_stack",
+                        lambda *a: (calls.append(1), region(*a))[1])
     with kernel_threads(threads):
         stacked, fusions = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
                                            batch_lengths=(0, 2))
@@ -385,8 +387,9 @@ async def test_stack_without_room_in_place_runs_the_blocks(tiny, monkeypatch):
     # buffers overlap: the blocks run one after another, same values
     path, cfg = model_path(tiny, "q4_1", 4)
     calls = []
-    region = _fusion._region_stack
-    monkeypatch.setattr(_fusion, "_region_stack", lambda *a: (calls.append(1), region(*a))[1])
+    region = _block_kernels.region_stack
+    monkeypatch.setattr(_block_kernels, "region_stack",
+                        lambda *a: (calls.append(1), region(*a))[1])
     async with open_session(path) as sess:
         step = next(s for s in sess.plan.steps if s.node.op_type == _fusion.STACK_OP)
         rng = np.random.default_rng(2)

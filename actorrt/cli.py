@@ -271,6 +271,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+#: ``--accuracy-level`` of ``generate`` and ``bench decode``
+_ACCURACY_LEVEL = dict(
+    type=int, choices=(0, 4), default=4,
+    help="MatMulNBits accuracy_level: 4 (default) quantizes activations to int8 per "
+         "32-value block (as onnxruntime-genai CPU models and llama.cpp do); 0 keeps them "
+         "float32 (matches onnxruntime on the same file)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="actorrt", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -308,11 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wrap PROMPT as a user message in the model's chat template")
     g.add_argument("--stats", action="store_true",
                    help="print prompt and decode tok/s to stderr")
-    g.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
-                   help="MatMulNBits accuracy_level: 4 (default) quantizes activations "
-                        "to int8 per 32-value block (as onnxruntime-genai CPU models and "
-                        "llama.cpp do); 0 keeps them float32 (matches onnxruntime on the "
-                        "same file)")
+    g.add_argument("--accuracy-level", **_ACCURACY_LEVEL)
     g.set_defaults(func=_cmd_generate)
 
     b = sub.add_parser("bench", help="benchmarks")
@@ -327,11 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads of the parallel kernels (capped at the cores)")
     bd.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds over the levels; medians are printed")
-    bd.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
-                    help="MatMulNBits accuracy_level: 4 (default) quantizes activations "
-                         "to int8 per 32-value block (as onnxruntime-genai CPU models and "
-                         "llama.cpp do); 0 keeps them float32 (matches onnxruntime on the "
-                         "same file)")
+    bd.add_argument("--accuracy-level", **_ACCURACY_LEVEL)
     bd.set_defaults(func=_cmd_bench)
 
     from .serve.cli import add_arguments as serve_arguments, serve_main

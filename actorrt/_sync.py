@@ -260,6 +260,10 @@ class InferenceSession:
         """
         host = self._host
         session = host.live_session()
+        if run_options is None and session.runs_blocking:
+            # one host segment: run it right here, no hop to the loop's thread
+            _refuse_in_trio("InferenceSession.run")
+            return session.run_blocking(output_names, input_feed)
         if isinstance(run_options, RunOptions):
             return host.call(_run_with_options, session, output_names, input_feed,
                              run_options)

@@ -270,8 +270,14 @@ def Split(input, split=None, *, axis=0, num_outputs=None, node=None):
             if dim % n:
                 raise ValueError(f"Split: dim {dim} is not divisible into {n} equal parts")
             sizes = [dim // n] * n
-    bounds = np.cumsum(sizes)[:-1]
-    return tuple(np.split(input, bounds, axis=ax))
+    # views by basic slicing (np.split's per-piece swapaxes cost ~10x more)
+    lead = (slice(None),) * ax
+    pieces = []
+    lo = 0
+    for n in sizes:
+        pieces.append(input[lead + (slice(lo, lo + n),)])
+        lo += n
+    return tuple(pieces)
 
 
 # ------------------------------------------------------------ shape queries

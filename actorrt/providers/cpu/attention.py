@@ -208,12 +208,7 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
     ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
     The scores are scaled, masked and normalized in place (float32: one
-    compiled pass, :mod:`._softmax_numba`; small products, as a decode
-    step's, entirely in one compiled call)."""
-    if q.dtype == np.float32:
-        y = _sm.small_attention(q, k, v, mask, scale)
-        if y is not None:
-            return y
+    compiled pass, :mod:`._softmax_numba`)."""
     s = np.matmul(q, k)
     if isinstance(s, np.ndarray) and s.dtype == np.float32 and \
             _sm.scaled_masked_softmax(s, scale, mask):

@@ -99,21 +99,3 @@ def test_rank3_scores_and_what_the_compiled_softmax_declines():
     assert not sm.scaled_masked_softmax(x.copy(), 1.0, mask.astype(np.float64))
     assert not sm.scaled_masked_softmax(x.copy(), 1.0, np.zeros((4, 2, 3, 5), np.float32))
     assert not sm.scaled_masked_softmax(x.reshape(1, 1, 2, 3, 5).copy(), 1.0, None)
-
-
-def test_small_attention_rank3_and_what_it_declines():
-    if not sm.HAVE_NUMBA:
-        pytest.skip("numba not installed")
-    q = RNG.standard_normal((3, 2, 5)).astype(np.float32)
-    k = RNG.standard_normal((3, 7, 5)).astype(np.float32).transpose(0, 2, 1)  # (3, 5, 7) strided
-    v = RNG.standard_normal((3, 7, 4)).astype(np.float32)
-    mask = RNG.standard_normal((1, 7)).astype(np.float32)
-    z = np.matmul(q, k) * 0.25 + mask
-    e = np.exp(z - z.max(-1, keepdims=True))
-    want = np.matmul(e / e.sum(-1, keepdims=True), v)
-    got = sm.small_attention(q, k, v, mask, 0.25)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert sm.small_attention(q.astype(np.float64), k, v, None, 1.0) is None
-    assert sm.small_attention(q, k, v[:, :6], None, 1.0) is None  # T mismatch
-    big = np.zeros((1, 8, 64, 64), np.float32)
-    assert sm.small_attention(big, big, big, None, 1.0) is None  # over SMALL_ATTENTION_MACS

@@ -16,13 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..._lazy import lazy_module
 from .._contract import Kernel, NodeSpec, require
 from ._attention_util import (attention_bias, compute_dtype, gqa_apply, gqa_scores,
                               merge_heads, onnx_float_dtype, softmax_, split_heads)
 from .registry import cpu_kernel
-
-_sm = lazy_module(f"{__package__}._softmax_numba", globals(), "_sm")  # numba on first use
 
 __all__ = ["Attention", "RotaryEmbedding", "FlexAttention", "LinearAttention"]
 
@@ -207,12 +204,8 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     from the graph optimizer's MatMul-scale-[Add]-Softmax-MatMul fusion):
     float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
     ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
-    The scores are scaled, masked and normalized in place (float32: one
-    compiled pass, :mod:`._softmax_numba`)."""
+    The scores are scaled, masked and normalized in place."""
     s = np.matmul(q, k)
-    if isinstance(s, np.ndarray) and s.dtype == np.float32 and \
-            _sm.scaled_masked_softmax(s, scale, mask):
-        return np.matmul(s, v)
     if scale != 1.0:
         s *= s.dtype.type(scale)
     if mask is not None:

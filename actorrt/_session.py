@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncContextManager, AsyncIterator, Callable, Mapping, Sequence
 
@@ -225,11 +226,32 @@ class Session:
             seg.iterates for seg in plan.segments)
         self._forked = False  # set in a child made by fork (see actorrt._fork)
         self._pid = _fork.register(self)
+        #: the one segment :meth:`run_blocking` may run in its caller's thread
+        #: (``None``: every run goes through the workers)
+        segs = plan.segments
+        self._direct = (segs[0] if len(segs) == 1 and not self._stateful and not plan.mixed
+                        and tracer is None and not segs[0].iterates
+                        and segs[0].provider.host_accessible else None)
+        #: runs under way in callers' threads (:meth:`run_blocking`); closing
+        #: waits for them before the providers release their memory
+        self._direct_lock = threading.Condition(threading.Lock())
+        self._direct_running = 0
 
     def _closed_error(self) -> SessionClosedError:
         if self._forked:
             return _fork.forked_error(self._pid, "this session", self.model_name)
         return SessionClosedError("the session is closed", model=self.model_name)
+
+    def _mark_closed(self) -> None:
+        with self._direct_lock:
+            self._closed = True
+
+    def _wait_direct_runs(self) -> None:
+        """Block until no :meth:`run_blocking` call runs a kernel (blocking:
+        call it off the event loop)."""
+        with self._direct_lock:
+            while self._direct_running:
+                self._direct_lock.wait()
 
     def _cancel_runs(self, reason: str) -> None:
         for state in list(self._runs):
@@ -332,7 +354,14 @@ class Session:
                 feeds.setdefault(name, b.value())
             donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
         plan.bind_feeds(feeds, env, donated)
-        if not self._stateful:
+        seg = self._direct
+        if seg is not None and seg.provider.runs_inline(seg, env):
+            # a cheap segment a worker would run on its trio task anyway: run
+            # it on this task (no mailbox round trip)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            seg.provider.run_segment_direct(plan, seg, env)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        elif not self._stateful:
             # nothing to release or to stop: a cancelled caller's queued
             # segments are withdrawn by the workers (see actorrt.actors)
             await execute(plan, env, self._tracer)
@@ -361,6 +390,62 @@ class Session:
                     env[spec.slot] = b.value()
         outs = plan.collect_outputs(env, indices)
         return outs if self._output_views else own_outputs(outs, feeds, plan, donated)
+
+    @property
+    def runs_blocking(self) -> bool:
+        """Whether :meth:`run_blocking` runs the model in its caller's thread
+        now: the plan is one segment on a host provider without control flow,
+        memory accounting or tracing, and no device binding is set."""
+        return self._direct is not None and not self._bindings
+
+    def run_blocking(self, output_names: Sequence[str] | None, feeds: dict[str, Any]) -> list:
+        """Run the model in the calling thread, without the event loop and
+        the worker actors: what :meth:`run` does, for a plan where
+        :attr:`runs_blocking` is true (the synchronous ``InferenceSession``'s
+        fast path: no thread hop). Many threads may call it at once. Call it
+        from a plain thread, never from the event loop (it blocks).
+
+        A session closed while the call runs waits for it to finish (its
+        memory is released after), then the call raises
+        :class:`~actorrt.SessionClosedError`.
+
+        Returns:
+            As :meth:`run`.
+
+        Raises:
+            InvalidArgumentError: :attr:`runs_blocking` is false; and as
+                :meth:`run`.
+            KernelError, OutOfMemoryError, SessionClosedError,
+                SessionForkedError: as :meth:`run`.
+        """
+        seg = self._direct
+        if seg is None or self._bindings:
+            raise InvalidArgumentError(
+                "run_blocking needs a plan of one host segment without control flow, "
+                "memory accounting, tracing or device bindings; use run()",
+                expected="Session.runs_blocking true", got="false", model=self.model_name)
+        plan = self._plan
+        indices = self._output_indices(output_names)
+        env = plan.new_env()
+        plan.bind_feeds(feeds, env)
+        lock = self._direct_lock
+        with lock:
+            if self._closed:
+                raise self._closed_error()
+            self._direct_running += 1
+        try:
+            seg.provider.run_segment_direct(plan, seg, env)
+        finally:
+            with lock:
+                self._direct_running -= 1
+                if self._closed and not self._direct_running:
+                    lock.notify_all()  # a close waits in _wait_direct_runs
+        if self._closed:
+            if self._forked:
+                raise self._closed_error()
+            raise SessionClosedError("the session closed during the run", model=self.model_name)
+        outs = plan.collect_outputs(env, indices)
+        return outs if self._output_views else own_outputs(outs, feeds, plan, frozenset())
 
     async def run_many(self, next_feeds: Callable[[list | None], dict | None], *,
                        donate: Sequence[str] = (),
@@ -681,7 +766,10 @@ async def _open_session(model: ModelLike, provs: list[ExecutionProvider],
         try:
             yield session
         finally:
-            session._closed = True
+            session._mark_closed()
+            if session._direct_running:  # kernels in callers' threads finish first
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(session._wait_direct_runs)
             # runs still under way stop: queued work is withdrawn, control
             # flow stops at its next iteration (so closing never waits on it)
             session._cancel_runs("the session closed")

@@ -10,8 +10,9 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
 
 * ``0`` ``ORT_DISABLE_ALL`` / ``"disabled"``: no rewrites.
 * ``1`` ``ORT_ENABLE_BASIC`` / ``"basic"``: semantics-preserving folds into
-  standard ops: Conv + BatchNormalization / per-channel Mul / Add
-  (:mod:`.conv`).
+  standard ops: Transpose pairs, Reshape chains, 2-D Transposes into Gemm's
+  transA / transB (:mod:`.transformer`); Conv + BatchNormalization /
+  per-channel Mul / Add (:mod:`.conv`).
 * ``2`` ``ORT_ENABLE_EXTENDED`` / ``"extended"`` and ``99`` ``ORT_ENABLE_ALL``
   / ``"all"`` (the default): also fusions into contrib / engine ops:
   Conv [+ Add] + activation -> ``com.microsoft:FusedConv`` (:mod:`.conv`),
@@ -30,7 +31,8 @@ Map:
   name, constants, new-constant registration, fusion log) and the
   chain-replacement helper every pass uses.
 * :mod:`.conv` -- convolution and per-channel affine passes.
-* :mod:`.transformer` -- GELU, MatMul epilogue, skip-LayerNorm, attention.
+* :mod:`.transformer` -- GELU, MatMul epilogue, skip-LayerNorm, attention;
+  Transpose / Reshape cancellation.
 
 Entry point: :func:`optimize`, called by the plan compiler
 (:mod:`actorrt._plan`) with the folded node list.
@@ -52,6 +54,9 @@ LEVELS = {"ORT_DISABLE_ALL": 0, "ORT_ENABLE_BASIC": 1, "ORT_ENABLE_EXTENDED": 2,
 
 #: (level at which it runs, pass) in order
 PASSES: tuple[tuple[int, Callable[[OptContext], None]], ...] = (
+    (1, transformer.cancel_transposes),
+    (1, transformer.collapse_reshapes),
+    (1, transformer.fold_transpose_into_gemm),
     (1, conv.fold_conv_affine),
     (2, transformer.fuse_gelu),
     (2, transformer.fuse_attention),

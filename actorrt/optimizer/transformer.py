@@ -18,6 +18,23 @@
   -> ``com.microsoft:SkipLayerNormalization`` (its 4th output carries ``a + b``
   when something else reads the sum). Pre: only LayerNormalization's first
   output used; every other reader of the sum runs after the LayerNormalization.
+
+Layout passes (basic level; they run first):
+
+* :func:`cancel_transposes` -- ``Transpose(Transpose(x, p1), p2)`` -> one
+  ``Transpose(x, p1[p2])``, or ``Identity(x)`` when the two are inverse.
+  Pre: the inner output read only by the outer, both perms known (explicit,
+  or the default reversal of a known rank). Post: the same tensor.
+* :func:`collapse_reshapes` -- ``Reshape(Reshape(x, s1), s2)`` ->
+  ``Reshape(x, s2)``. Pre: the inner output read only by the outer, both
+  shapes constant, ``s2`` without ``0`` entries (a ``0`` would copy a dim of
+  the intermediate) unless ``allowzero``; the inner reshape is checked valid
+  for ``x``'s known static shape when there is one. Post: the same tensor.
+* :func:`fold_transpose_into_gemm` -- ``Gemm(Transpose(A), B)`` /
+  ``Gemm(A, Transpose(B))`` with 2-D perm ``(1, 0)`` -> ``Gemm`` with
+  ``transA`` / ``transB`` flipped; a 2-D ``MatMul(A, Transpose(B))`` ->
+  ``Gemm(A, B, transB=1)``. Pre: the Transpose output read only by that
+  input; float operands of rank 2. Post: the same product.
 """
 
 from __future__ import annotations
@@ -30,7 +47,8 @@ from ..providers._contract import NodeSpec
 from ._graph import OptContext
 from .conv import ENGINE_DOMAIN, MS, activation_of
 
-__all__ = ["fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm"]
+__all__ = ["fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm",
+           "cancel_transposes", "collapse_reshapes", "fold_transpose_into_gemm"]
 
 
 def _scalar(ctx: OptContext, name: str) -> float | None:
@@ -231,3 +249,128 @@ def fuse_skip_layer_norm(ctx: OptContext) -> None:
         new = ctx.make(ln, "SkipLayerNormalization", MS, ins, outs,
                        {"epsilon": float(ln.attr("epsilon", 1e-5))}, opset=1)
         ctx.replace([add, ln], new)
+
+
+# ------------------------------------------------------------------ layout
+
+def _perm(ctx: OptContext, t: NodeSpec) -> list[int] | None:
+    """A Transpose's permutation (the default reversal needs a known rank)."""
+    p = t.attr("perm")
+    if p is not None:
+        return [int(v) for v in p]
+    r = ctx.rank(t.inputs[0])
+    return None if r is None else list(range(r))[::-1]
+
+
+def _unary(s: NodeSpec | None, op: str) -> bool:
+    return s is not None and s.domain == "" and s.op_type == op and len(s.outputs) == 1 \
+        and bool(s.inputs) and bool(s.inputs[0])
+
+
+def cancel_transposes(ctx: OptContext) -> None:
+    """Transpose pairs -> one Transpose, or Identity when they cancel."""
+    for t2 in list(ctx.specs):
+        if not _unary(t2, "Transpose") or t2 not in ctx.specs:
+            continue
+        t1 = ctx.producer.get(t2.inputs[0])
+        if not _unary(t1, "Transpose") or ctx.sole_reader(t1.outputs[0]) is not t2:
+            continue
+        p1, p2 = _perm(ctx, t1), _perm(ctx, t2)
+        if p1 is None or p2 is None or len(p1) != len(p2) or sorted(p1) != list(range(len(p1))) \
+                or sorted(p2) != list(range(len(p2))):
+            continue
+        p = [p1[i] for i in p2]
+        x = t1.inputs[0]
+        if p == list(range(len(p))):
+            new = ctx.make(t2, "Identity", "", [x], [t2.outputs[0]], {},
+                           name=t2.name + "/cancelled")
+        else:
+            new = ctx.make(t2, "Transpose", "", [x], [t2.outputs[0]], {"perm": p},
+                           name=t2.name + "/merged")
+        ctx.replace([t1, t2], new)
+
+
+def _reshape_ok(shape_in: tuple, target: np.ndarray, allowzero: bool) -> bool:
+    """Whether reshaping a static ``shape_in`` to ``target`` is valid."""
+    dims = [int(d) for d in target.reshape(-1)]
+    out, infer = [], -1
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            if i >= len(shape_in):
+                return False
+            d = shape_in[i]
+        elif d == -1:
+            if infer >= 0:
+                return False
+            infer = i
+        elif d < 0:
+            return False
+        out.append(d)
+    total = math.prod(shape_in)
+    if infer >= 0:
+        known = math.prod(d for i, d in enumerate(out) if i != infer)
+        return known != 0 and total % known == 0
+    return math.prod(out) == total
+
+
+def collapse_reshapes(ctx: OptContext) -> None:
+    """Reshape chains -> one Reshape."""
+    for r2 in list(ctx.specs):
+        if r2 not in ctx.specs or r2.domain != "" or r2.op_type != "Reshape" or \
+                len(r2.inputs) != 2 or r2.opset < 5:
+            continue
+        r1 = ctx.producer.get(r2.inputs[0])
+        if r1 is None or r1.domain != "" or r1.op_type != "Reshape" or len(r1.inputs) != 2 or \
+                r1.opset < 5 or ctx.sole_reader(r1.outputs[0]) is not r2:
+            continue
+        s1, s2 = ctx.const(r1.inputs[1]), ctx.const(r2.inputs[1])
+        if s1 is None or s2 is None or s1.dtype.kind != "i" or s2.dtype.kind != "i":
+            continue
+        z2 = bool(r2.attr("allowzero", 0))
+        if not z2 and np.any(s2 == 0):
+            continue
+        t = ctx.types.get(r1.inputs[0])
+        if t is not None and t.shape is not None and all(isinstance(d, int) for d in t.shape):
+            if not _reshape_ok(tuple(t.shape), s1, bool(r1.attr("allowzero", 0))):
+                continue  # keep the inner node: it fails at run time, as it should
+        elif np.any(s1 < -1) or np.count_nonzero(s1 == -1) > 1:
+            continue
+        new = ctx.make(r2, "Reshape", "", [r1.inputs[0], r2.inputs[1]], [r2.outputs[0]],
+                       dict(r2.attrs), name=r2.name + "/collapsed")
+        ctx.replace([r1, r2], new)
+
+
+def _swap_transpose(ctx: OptContext, name: str) -> NodeSpec | None:
+    """The 2-D ``(1, 0)`` Transpose producing ``name`` that only it reads."""
+    t = ctx.producer.get(name)
+    if not _unary(t, "Transpose") or ctx.sole_reader(name) is None or ctx.rank(name) != 2:
+        return None
+    return t if _perm(ctx, t) == [1, 0] and ctx.is_float(t.inputs[0]) else None
+
+
+def fold_transpose_into_gemm(ctx: OptContext) -> None:
+    """2-D Transposes feeding Gemm / MatMul -> Gemm's transA / transB."""
+    for g in list(ctx.specs):
+        if g not in ctx.specs or g.domain != "":
+            continue
+        if g.op_type == "Gemm" and len(g.outputs) == 1 and g.opset >= 11:
+            at = dict(g.attrs)
+            ins = list(g.inputs)
+            members = []
+            for i, key in ((0, "transA"), (1, "transB")):
+                t = _swap_transpose(ctx, ins[i]) if ins[i] and ins.count(ins[i]) == 1 else None
+                if t is not None:
+                    members.append(t)
+                    ins[i] = t.inputs[0]
+                    at[key] = 0 if int(at.get(key, 0)) else 1
+            if members:
+                new = ctx.make(g, "Gemm", "", ins, g.outputs, at, name=g.name + "/trans")
+                ctx.replace(members + [g], new)
+        elif _binary(g, "MatMul") and g.inputs[0] != g.inputs[1] and \
+                ctx.rank(g.inputs[0]) == 2 and ctx.is_float(g.inputs[0]):
+            t = _swap_transpose(ctx, g.inputs[1])
+            if t is None:
+                continue
+            new = ctx.make(g, "Gemm", "", [g.inputs[0], t.inputs[0]], g.outputs, {"transB": 1},
+                           name=g.name + "/gemm", opset=13)
+            ctx.replace([t, g], new)

@@ -201,6 +201,25 @@ class MemoryAccountant:
                                     self._allocs, self._frees)
 
 
+class _ThreadBuffer:
+    """One thread's step buffer of a :class:`WorkspaceArena`, held in the
+    arena's thread-local: when the thread ends (its thread-locals are
+    dropped) the buffer goes back to the arena and out of its accounting, so
+    callers' threads that come and go (``Session.run_blocking``) hold nothing
+    after they end."""
+
+    __slots__ = ("arena", "buf")
+
+    def __init__(self, arena: "WorkspaceArena", buf: Any):
+        self.arena = arena
+        self.buf = buf
+
+    def __del__(self) -> None:
+        arena, self.arena = self.arena, None
+        if arena is not None:
+            arena._drop(self.buf)
+
+
 class WorkspaceArena:
     """Scratch memory the executor hands to kernels (``Kernel.workspace``).
 
@@ -231,16 +250,18 @@ class WorkspaceArena:
             if r.lifetime != "session":
                 step_total += r.nbytes + r.alignment
         if step_total:
-            buf = getattr(self._local, "buf", None)
+            holder = getattr(self._local, "holder", None)
+            buf = None if holder is None else holder.buf
             if buf is None or buf.nbytes < step_total:
                 self.acc.reserve(step_total, "workspace", what="step workspace")
+                new = np.empty(step_total, np.uint8)
                 with self._lock:
-                    if buf is not None:
-                        self.acc.release(buf.nbytes, "workspace")
-                        del self._thread_buffers[id(buf)]
-                    buf = np.empty(step_total, np.uint8)
-                    self._thread_buffers[id(buf)] = buf
-                self._local.buf = buf
+                    self._thread_buffers[id(new)] = new
+                if holder is not None:
+                    holder.arena = None  # released here, not again by its finalizer
+                    self._drop(buf)
+                self._local.holder = _ThreadBuffer(self, new)  # outside the lock: frees the old
+                buf = new
             base = buf.ctypes.data
             off = 0
         for i, r in enumerate(requests):
@@ -262,6 +283,13 @@ class WorkspaceArena:
             out[i] = buf[start:start + r.nbytes]
             off = start + r.nbytes
         return out
+
+    def _drop(self, buf: Any) -> None:
+        """Return a thread's step buffer (its thread ended or it grew)."""
+        with self._lock:
+            if self._thread_buffers.pop(id(buf), None) is None:
+                return  # released already (release_all)
+        self.acc.release(buf.nbytes, "workspace")
 
     def release_all(self) -> None:
         with self._lock:

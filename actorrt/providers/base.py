@@ -369,6 +369,23 @@ class ExecutionProvider(Actor, abc.ABC):
         with self.segment_context():
             plan.run_segment(seg, env)
 
+    def runs_inline(self, seg: Any, env: list) -> bool:
+        """Whether ``seg`` is cheap enough (its estimate, with the sizes of
+        ``env``'s values where the plan's are symbolic, below
+        :attr:`inline_threshold_us`) to run on a trio task rather than in a
+        thread."""
+        cost = seg.cost_us
+        if cost == math.inf and seg.dim_refs is not None:
+            cost = seg.runtime_cost_us(env)  # sizes known now
+        return cost < self.inline_threshold_us
+
+    def run_segment_direct(self, plan: Any, seg: Any, env: list) -> None:
+        """Run ``seg`` in the calling thread for a caller outside the worker
+        pool (:meth:`actorrt.Session.run_blocking`); counted in
+        :attr:`ProviderStatistics.segments_run` as the workers' segments are."""
+        self._segments_run += 1
+        self.run_segment(plan, seg, env)
+
     async def run_iterating(self, plan: Any, seg: Any, env: list, state: Any = None) -> None:
         """Run a control-flow segment (``seg.iterates``: it may run for as
         long as a trip count says) in a thread of its own, outside the worker
@@ -509,10 +526,7 @@ class _Worker(Actor):
             seg = message.segment
             plan = message.plan
             self.provider._segments_run += 1
-            cost = seg.cost_us
-            if cost == math.inf and seg.dim_refs is not None:
-                cost = seg.runtime_cost_us(message.env)  # sizes known now
-            if cost < self.provider.inline_threshold_us:
+            if self.provider.runs_inline(seg, message.env):
                 if plan.tracker_release is None:
                     # inline segments have no control flow: only the memory
                     # tracker asks for the run it works for

@@ -38,3 +38,40 @@ def test_huge_page_arrays_outlive_their_siblings():
     del rest
     first[:] = 2.0
     assert first.sum() == 2048.0
+
+
+def test_workspace_of_a_finished_thread_is_released_and_growth_is_accounted_once():
+    import gc
+    import threading
+
+    from actorrt.providers import WorkspaceRequest
+    from actorrt.providers._memory import MemoryAccountant, WorkspaceArena
+
+    acc = MemoryAccountant("cpu", None)
+    arena = WorkspaceArena(acc)
+
+    def ws() -> int:
+        return acc.statistics().live_by_role.get("workspace", 0)
+
+    (a,) = arena.buffers("n", [WorkspaceRequest(1000)])
+    assert a.nbytes == 1000 and ws() == 1064
+    (b,) = arena.buffers("n", [WorkspaceRequest(5000)])  # grows: the old buffer is released
+    assert b.nbytes == 5000 and ws() == 5064
+
+    def work(n):
+        for _ in range(3):
+            arena.buffers("n", [WorkspaceRequest(n)])
+
+    for n in (100, 20000, 300):
+        t = threading.Thread(target=work, args=(n,))
+        t.start()
+        t.join()
+    gc.collect()
+    assert ws() == 5064  # only this thread's buffer is left
+    arena.release_all()
+    assert ws() == 0
+    t = threading.Thread(target=work, args=(700,))
+    t.start()
+    t.join()
+    gc.collect()
+    assert ws() == 0

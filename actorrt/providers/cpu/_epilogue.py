@@ -27,7 +27,7 @@ COMPILED_GELU = True
 def gelu_inplace(y: np.ndarray) -> np.ndarray:
     """``y = 0.5 * y * (1 + erf(y / sqrt(2)))`` in ``y``'s float dtype, in place
     (float32: one compiled pass when numba is installed, else numpy)."""
-    if COMPILED_GELU and y.dtype == np.float32 and y.size >= 4096:
+    if COMPILED_GELU and y.dtype == np.float32 and y.size:
         from . import _gelu_numba
         if _gelu_numba.gelu_inplace_f32(y):
             return y

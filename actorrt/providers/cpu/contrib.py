@@ -18,6 +18,7 @@ from actorrt._lazy import lazy_module
 from .registry import cpu_kernel
 
 _nb = lazy_module(f"{__package__}.llm._contrib_numba", globals(), "_nb")  # numba on first use
+_ln = lazy_module(f"{__package__}._layernorm_numba", globals(), "_ln")
 
 MS = "com.microsoft"
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -158,7 +159,13 @@ def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, *, epsilon=1
 @cpu_kernel("SkipLayerNormalization", domain=MS, multi_output=True)
 def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12):
     """com.microsoft SkipLayerNormalization: s = input + skip (+ bias); outputs
-    (LayerNorm(s) * gamma (+ beta), mean, inv_std_var, s)."""
+    (LayerNorm(s) * gamma (+ beta), mean, inv_std_var, s). float32 with a
+    same-shape skip: one compiled call (:mod:`._layernorm_numba`)."""
+    if input.dtype == np.float32:
+        r = _ln.layer_norm(input, gamma, beta, epsilon, -1, skip, bias, keep_sum=True)
+        if r is not None:
+            shp = _stats_shape(input)
+            return r[0], r[1].reshape(shp), r[2].reshape(shp), r[3]
     s = _skip_sum(input, skip, bias)
     mean = np.mean(s, axis=-1, keepdims=True)
     d = s - mean

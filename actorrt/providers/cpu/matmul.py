@@ -49,6 +49,24 @@ def _matmul_any(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(np.matmul(a, b))
 
 
+def matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` for float32/float64 ``a`` ``(..., M, K)`` and a 2-D
+    ``b`` ``(K, N)``, as one 2-D BLAS product over every row of ``a``; one
+    row in all (a decode step's projection) is a GEMV. Shape ``(..., M, N)``,
+    a fresh array. numpy's stacked matmul runs a 3-D ``a`` as a loop of GEMMs
+    and a one-row GEMM at about half a GEMV's speed (measured 40 vs 22 µs for
+    256 x 768 here); other operand ranks go to ``np.matmul`` as they are."""
+    if b.ndim != 2 or a.ndim < 2:
+        return np.matmul(a, b)
+    k = a.shape[-1]
+    m = a.size // k if k else 0
+    if m == 1:
+        return np.dot(a.reshape(k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    if a.ndim > 2 and m and a.flags.c_contiguous:
+        return np.matmul(a.reshape(m, k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    return np.matmul(a, b)
+
+
 # -------------------------------------------------------------------------- MatMul
 
 @cpu_kernel("MatMul", since=(1, 9, 13))
@@ -66,6 +84,8 @@ class MatMul(Kernel):
     def compile(self) -> Callable:
         ra, rb = _input_rank(self.node, 0), _input_rank(self.node, 1)
         dt = _input_dtype(self.node, 0)
+        if dt in _BLAS_DTYPES and ra is not None and rb == 2 and ra >= 2:
+            return matmul_rows  # one 2-D BLAS call (a GEMV for one row)
         if dt in _BLAS_DTYPES and ra is not None and rb is not None and ra >= 2 and rb >= 2:
             return np.matmul  # bare BLAS call on the hot path
         return _matmul_any
@@ -131,7 +151,8 @@ class Gemm(Kernel):
             bb = _compute(b)
             if self.trans_b:
                 bb = bb.T
-        y = np.matmul(aa, bb)
+        y = matmul_rows(aa, bb) if aa.dtype in _BLAS_DTYPES and bb.dtype == aa.dtype \
+            else np.matmul(aa, bb)
         if integer:  # rare: exact integer product, float scaling, truncating cast
             if self.alpha != 1:
                 y = y * self.alpha
@@ -197,7 +218,7 @@ class MatMulEpilogue(Kernel):
         self._act = _epilogue.activation(node.attr("activation", ""))
 
     def run(self, a, b, bias):
-        y = np.matmul(a, b)
+        y = matmul_rows(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype else np.matmul(a, b)
         if y.dtype != bias.dtype or not isinstance(y, np.ndarray) or y.ndim == 0:
             y = np.asarray(y + bias)
         else:

@@ -130,12 +130,28 @@ def _reshape_target(in_shape: tuple[int, ...], shape, allowzero: int) -> tuple[i
     return tuple(out)
 
 
+#: (input shape, shape dtype, shape bytes, allowzero) -> target, for int64 shape
+#: tensors: a plan reshapes the same few signatures every run
+_TARGETS: dict = {}
+_TARGETS_MAX = 4096
+
+
 @cpu_kernel("Reshape", since=(1, 5, 13, 14, 19, 21, 23, 24, 25), view_outputs=True, **_NO_FLOPS)
 def Reshape(data, shape=None, *, allowzero=0, node=None):
     """ONNX Reshape (opsets 1-25): ``0`` copies the input dim unless ``allowzero``,
-    one ``-1`` is inferred. Shape from the attribute before opset 5."""
+    one ``-1`` is inferred. Shape from the attribute before opset 5. Targets
+    are cached per (input shape, shape tensor)."""
     if node is not None and node.opset < 5:
         shape = node.attrs.get("shape", [])
+    elif type(shape) is np.ndarray and shape.dtype == np.int64 and shape.ndim == 1:
+        key = (data.shape, shape.tobytes(), allowzero)
+        target = _TARGETS.get(key)
+        if target is None:
+            target = _reshape_target(data.shape, shape, allowzero)
+            if len(_TARGETS) >= _TARGETS_MAX:
+                _TARGETS.clear()
+            _TARGETS[key] = target
+        return data.reshape(target)
     return np.reshape(data, _reshape_target(data.shape, shape, allowzero))
 
 
@@ -181,10 +197,10 @@ def Unsqueeze(data, axes=None, *, node=None):
 def Transpose(data, *, perm=None):
     """ONNX Transpose (opsets 1-25): permutes axes (reverses them by default); a view."""
     if perm is None:
-        return np.transpose(data)
-    if sorted(perm) != list(range(data.ndim)):
+        return data.transpose()
+    if len(perm) != data.ndim or sorted(perm) != list(range(data.ndim)):
         raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
-    return np.transpose(data, perm)
+    return data.transpose(perm)
 
 
 def _slice_key(shape, starts, ends, axes, steps) -> tuple:
@@ -270,8 +286,14 @@ def Split(input, split=None, *, axis=0, num_outputs=None, node=None):
             if dim % n:
                 raise ValueError(f"Split: dim {dim} is not divisible into {n} equal parts")
             sizes = [dim // n] * n
-    bounds = np.cumsum(sizes)[:-1]
-    return tuple(np.split(input, bounds, axis=ax))
+    # views by basic slicing (np.split's per-piece swapaxes cost ~10x more)
+    lead = (slice(None),) * ax
+    pieces = []
+    lo = 0
+    for n in sizes:
+        pieces.append(input[lead + (slice(lo, lo + n),)])
+        lo += n
+    return tuple(pieces)
 
 
 # ------------------------------------------------------------ shape queries

@@ -24,7 +24,7 @@ def _gelu_model(shape):
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-@pytest.mark.parametrize("shape", [(7, 13), (3, 129, 37), (1, 64, 1024)])
+@pytest.mark.parametrize("shape", [(7, 13), (1, 1, 1024), (3, 129, 37), (1, 64, 1024), (2, 40000)])
 def test_gelu_matches_onnxruntime(shape, compiled, monkeypatch):
     if compiled and not _gelu_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
@@ -42,7 +42,14 @@ def test_compiled_gelu_declines_what_it_cannot_take():
     if not _gelu_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     big = RNG.standard_normal((64, 128)).astype(np.float32)
-    assert not _gelu_numba.gelu_inplace_f32(big[:, ::2].copy()[:10])  # too small
+    small = big[:, ::2].copy()[:1, :7]  # one serial compiled pass
+    want_small = _epilogue.gelu_inplace(small.copy(order="F"))       # numpy path
+    assert _gelu_numba.gelu_inplace_f32(small)
+    np.testing.assert_allclose(small, want_small, rtol=2e-6, atol=2e-6)
+    assert not _gelu_numba.gelu_inplace_f32(np.zeros(5, np.float32)[::2])  # strided
+    ro = np.zeros(5, np.float32)
+    ro.flags.writeable = False
+    assert not _gelu_numba.gelu_inplace_f32(ro)
     assert not _gelu_numba.gelu_inplace_f32(big[:, ::2])               # not contiguous
     assert not _gelu_numba.gelu_inplace_f32(big.astype(np.float64))    # not float32
     strided = big[:, ::2]

@@ -95,6 +95,11 @@ def test_concat_split():
     check_node("Split", {"x": x, "s": I64(2, 0, 5)}, ("y0", "y1", "y2"), opset=13)
     check_node("Split", {"x": x}, ("y0", "y1"), opset=11, split=[3, 4])
     check_node("Split", {"x": np.arange(6, dtype=np.float32)}, ("y0", "y1"), opset=11)
+    x3 = rng.standard_normal((2, 5, 11)).astype(np.float32)
+    check_node("Split", {"x": x3, "s": I64(4, 0, 7)}, ("y0", "y1", "y2"), opset=13, axis=-1)
+    check_node("Split", {"x": x3}, ("y0", "y1"), opset=18, axis=1, num_outputs=2)
+    check_node("Split", {"x": x3.transpose(2, 0, 1)}, ("y0", "y1", "y2"), opset=18, axis=0,
+               num_outputs=3)
 
 
 @pytest.mark.parametrize("starts,ends,axes,steps", [

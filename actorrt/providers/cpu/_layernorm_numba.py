@@ -1,0 +1,159 @@
+"""Compiled (numba) LayerNormalization and SkipLayerNormalization for float32:
+one kernel call per node, each row read twice (sum, then centred sum of
+squares from the row in cache) and written once, statistics accumulated in
+float64. numpy needs ~8 passes and as many temporaries for the same (the
+decode step's ``(1, 1, 256)`` SkipLayerNormalization cost ~50 µs of Python
+and allocation, the compiled call a few).
+
+Loaded lazily (``lazy_module``) by :mod:`.normalization` and :mod:`.contrib`;
+without numba :data:`HAVE_NUMBA` is False and their numpy paths run (both are
+tested against onnxruntime, ``COMPILED`` switches this path off).
+
+Rows: every index of ``x.shape[:axis]``; a row is the ``D = prod(x.shape[axis:])``
+contiguous values that are normalized together.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+__all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "PARALLEL_MIN_ELEMENTS"]
+
+#: the compiled path runs (tests switch it off to check the numpy one)
+COMPILED = True
+#: from this many elements (and two rows) the rows are split over the kernel threads
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+try:
+    from numba import njit, prange
+    HAVE_NUMBA = True
+except Exception:  # pragma: no cover - exercised only without numba
+    HAVE_NUMBA = False
+
+#: one parallel launch at a time (numba's workqueue layer aborts otherwise)
+_LAUNCH = threading.Lock()
+_NONE = np.zeros(1, np.float32)
+
+if HAVE_NUMBA:
+    @njit(nogil=True, cache=True, inline="always")
+    def _normalize(src, gamma, beta, eps, y, mean_o, inv_o, r, acc, flags):  # pragma: no cover
+        d = src.shape[1]
+        mean = acc / d
+        var = 0.0
+        for j in range(d):
+            t = src[r, j] - mean
+            var += t * t
+        inv = 1.0 / np.sqrt(var / d + eps)
+        if flags & 4:
+            for j in range(d):
+                y[r, j] = (src[r, j] - mean) * inv * gamma[j] + beta[j]
+        else:
+            for j in range(d):
+                y[r, j] = (src[r, j] - mean) * inv * gamma[j]
+        mean_o[r] = mean
+        inv_o[r] = inv
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags):  # pragma: no cover
+        d = x.shape[1]
+        acc = 0.0
+        if flags & 3:  # s = x + skip + bias, kept
+            for j in range(d):
+                v = x[r, j]
+                if flags & 1:
+                    v += skip[r, j]
+                if flags & 2:
+                    v += bias[j]
+                s[r, j] = v
+                acc += v
+            _normalize(s, gamma, beta, eps, y, mean_o, inv_o, r, acc, flags)
+        else:
+            for j in range(d):
+                acc += x[r, j]
+            _normalize(x, gamma, beta, eps, y, mean_o, inv_o, r, acc, flags)
+
+    @njit(nogil=True, cache=True)
+    def _rows_serial(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
+        for r in range(x.shape[0]):
+            _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags)
+
+    @njit(nogil=True, cache=True, parallel=True)
+    def _rows_parallel(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
+        for r in prange(x.shape[0]):
+            _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags)
+
+
+def _vector(p, d: int):
+    """``p`` as a contiguous float32 vector of ``d`` values, or None."""
+    if p is None or p.dtype != np.float32 or p.size != d:
+        return None
+    return np.ascontiguousarray(p).reshape(d)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilon: float,
+               axis: int = -1, skip: np.ndarray | None = None,
+               bias: np.ndarray | None = None, keep_sum: bool = False):
+    """``LayerNorm(x [+ skip] [+ bias]) * gamma [+ beta]`` over dims ``axis..``.
+
+    Args:
+        x: float32, any layout (made contiguous).
+        gamma, beta: float32 with ``D`` values (the normalized dims' product).
+        epsilon: added to the variance (rounded to float32).
+        axis: first normalized dim (negative counts from the end).
+        skip: float32 of ``x``'s shape, added first (SkipLayerNormalization).
+        bias: float32 ``D`` values, added after ``skip``.
+        keep_sum: also return ``x + skip + bias`` (SkipLayerNormalization's
+            4th output).
+
+    Returns:
+        ``(y, mean, inv_std, s)``: ``y`` float32 of ``x``'s shape, ``mean`` and
+        ``inv_std`` float32 ``x.shape[:axis]`` (flattened rows, reshape to the
+        op's statistics shape), ``s`` the sum when asked (else ``None``); or
+        ``None`` when numba is missing, the path is switched off, or the
+        operands do not qualify (other dtypes, a broadcast ``skip``): the
+        caller runs its numpy path then.
+    """
+    if not (HAVE_NUMBA and COMPILED) or x.dtype != np.float32 or x.ndim == 0:
+        return None
+    ax = axis + x.ndim if axis < 0 else axis
+    if not 0 <= ax < x.ndim:
+        return None
+    rows = 1
+    for n in x.shape[:ax]:
+        rows *= n
+    d = x.size // rows if rows else 0
+    if d == 0 or rows == 0:
+        return None
+    g = _vector(gamma, d)
+    b = _vector(beta, d) if beta is not None else _NONE
+    bi = _vector(bias, d) if bias is not None else _NONE
+    if g is None or b is None or bi is None:
+        return None
+    flags = 0
+    sk = _NONE.reshape(1, 1)
+    if skip is not None:
+        if skip.dtype != np.float32 or skip.shape != x.shape:
+            return None
+        sk = np.ascontiguousarray(skip).reshape(rows, d)
+        flags |= 1
+    if bias is not None:
+        flags |= 2
+    if beta is not None:
+        flags |= 4
+    x2 = np.ascontiguousarray(x).reshape(rows, d)
+    y = np.empty((rows, d), np.float32)
+    s = np.empty((rows, d), np.float32) if flags & 3 else sk
+    mean = np.empty(rows, np.float32)
+    inv = np.empty(rows, np.float32)
+    eps = float(np.float32(epsilon))
+    if rows >= 2 and rows * d >= PARALLEL_MIN_ELEMENTS:
+        with _LAUNCH:
+            _rows_parallel(x2, sk, bi, g, b, eps, y, s, mean, inv, flags)
+    else:
+        _rows_serial(x2, sk, bi, g, b, eps, y, s, mean, inv, flags)
+    total = None
+    if keep_sum:
+        total = s.reshape(x.shape) if flags & 3 else x
+    return y.reshape(x.shape), mean, inv, total

@@ -1,0 +1,76 @@
+"""LayerNormalization and com.microsoft SkipLayerNormalization: the compiled
+one-call path (``_layernorm_numba``) and the numpy fallback, both against
+onnxruntime, over odd sizes, every normalized axis, optional bias/beta,
+the statistics outputs, the parallel row split, non-contiguous inputs and a
+broadcast skip (which takes the numpy path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from actorrt.providers.cpu import _layernorm_numba as ln
+from tests.oracle import check_node
+
+RNG = np.random.default_rng(21)
+MS = "com.microsoft"
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def path(request, monkeypatch):
+    if request.param == "compiled" and not ln.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(ln, "COMPILED", request.param == "compiled")
+    return request.param
+
+
+def _f(shape, scale=2.0):
+    return (RNG.standard_normal(shape) * scale + 0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 1, 256), -1), ((2, 3, 7), -1), ((5, 33), 1),
+                                        ((2, 3, 5), 1), ((4, 9), 0), ((3, 1), -1),
+                                        ((96, 1024), -1), ((1,), 0)])
+@pytest.mark.parametrize("with_b", [True, False])
+def test_layer_norm_equals_onnxruntime(path, shape, axis, with_b):
+    x = _f(shape)
+    norm = shape[axis % len(shape):]
+    ins = {"x": x, "g": _f(norm, 1.0)}
+    if with_b:
+        ins["b"] = _f(norm, 1.0)
+    check_node("LayerNormalization", ins, ("y", "mean", "inv"), opset=17, peer="ort",
+               axis=axis, epsilon=1e-5)
+    check_node("LayerNormalization", ins, ("y",), opset=17, peer="ort", axis=axis, epsilon=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 256), (2, 5, 31), (1, 128, 64), (3, 97, 769)])
+@pytest.mark.parametrize("extras", [(), ("be",), ("bias",), ("be", "bias")])
+def test_skip_layer_norm_equals_onnxruntime(path, shape, extras):
+    h = shape[-1]
+    ins = {"x": _f(shape), "s": _f(shape), "g": _f((h,), 1.0)}
+    ins["be"] = _f((h,), 1.0) if "be" in extras else None
+    if "bias" in extras:
+        ins["bias"] = _f((h,), 1.0)
+    check_node("SkipLayerNormalization", ins, ("y", "m", "i", "sum"), domain=MS, peer="ort",
+               rtol=1e-4, atol=1e-5, epsilon=1e-5)
+
+
+def test_skip_broadcast_and_a_non_contiguous_input(path):
+    x = _f((4, 6, 3)).transpose(1, 0, 2)  # (6, 4, 3), strided
+    check_node("SkipLayerNormalization", {"x": x, "s": _f((4, 3)), "g": _f((3,))}, ("y",),
+               domain=MS, peer="ort", epsilon=1e-5)
+    check_node("LayerNormalization", {"x": x, "g": _f((3,))}, ("y",), opset=17, peer="ort")
+
+
+def test_compiled_function_declines_what_it_does_not_take():
+    if not ln.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    x = _f((2, 8))
+    assert ln.layer_norm(x.astype(np.float64), _f((8,)), None, 1e-5) is None
+    assert ln.layer_norm(x, _f((4,)), None, 1e-5) is None  # gamma of another size
+    assert ln.layer_norm(x, _f((8,)), None, 1e-5, skip=_f((1, 8))) is None  # broadcast skip
+    assert ln.layer_norm(np.zeros((0, 8), np.float32), _f((8,)), None, 1e-5) is None
+    y, mean, inv, s = ln.layer_norm(x, np.ones(8, np.float32), None, 1e-5, keep_sum=True)
+    assert s is x and mean.shape == (2,) and inv.shape == (2,)
+    want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

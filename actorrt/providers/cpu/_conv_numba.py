@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "im2col2d", "depthwise2d", "num_threads"]
+__all__ = ["HAVE_NUMBA", "LAUNCH", "span", "im2col2d", "depthwise2d", "num_threads"]
 
 try:
     from numba import njit, prange
@@ -30,8 +30,9 @@ except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 #: numba's workqueue threading layer aborts on parallel launches from two
-#: Python threads at once (segments may run concurrently): one at a time
-_LAUNCH = threading.Lock()
+#: Python threads at once (segments may run concurrently): one at a time (the
+#: compiled pooling of :mod:`._pool_numba` takes it too)
+LAUNCH = _LAUNCH = threading.Lock()
 
 if HAVE_NUMBA:
     @njit(nogil=True, cache=True, inline="always")
@@ -46,6 +47,9 @@ if HAVE_NUMBA:
         if hi < lo:
             hi = lo
         return lo, hi
+
+    #: public name of :func:`_span` for the other compiled 2-D window kernels
+    span = _span
 
     @njit(parallel=True, nogil=True, cache=True)
     def _im2col(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled

@@ -12,7 +12,8 @@ never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
   one input channel per group, directly (no patch matrix); parallel over planes.
 
 Both take float32 or float64 C-contiguous arrays and strides / dilations /
-leading pads as ints.
+leading pads as ints. Each has a parallel and a serial driver over one
+per-plane body; :func:`parallel_for` picks (small launches run serially).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "LAUNCH", "span", "im2col2d", "depthwise2d", "num_threads"]
+__all__ = ["HAVE_NUMBA", "LAUNCH", "span", "im2col2d", "depthwise2d", "num_threads",
+           "parallel_for", "PARALLEL_MIN_WORK"]
 
 try:
     from numba import njit, prange
@@ -51,60 +53,94 @@ if HAVE_NUMBA:
     #: public name of :func:`_span` for the other compiled 2-D window kernels
     span = _span
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _im2col_plane(x, cols, b, ch, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        h, w = x.shape[2], x.shape[3]
+        kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
+        for i in range(kh):
+            for j in range(kw):
+                off = j * dw - pl
+                lo, hi = _span(ow, sw, off, w)
+                for oy in range(oh):
+                    iy = oy * sh - pt + i * dh
+                    dst = cols[b, ch, i, j, oy]
+                    if iy < 0 or iy >= h:
+                        for ox in range(ow):
+                            dst[ox] = 0
+                        continue
+                    src = x[b, ch, iy]
+                    for ox in range(lo):
+                        dst[ox] = 0
+                    for ox in range(hi, ow):
+                        dst[ox] = 0
+                    if sw == 1:
+                        for ox in range(lo, hi):
+                            dst[ox] = src[ox + off]
+                    else:
+                        for ox in range(lo, hi):
+                            dst[ox] = src[ox * sw + off]
+
     @njit(parallel=True, nogil=True, cache=True)
     def _im2col(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, w = x.shape
-        kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
+        n, c = x.shape[0], x.shape[1]
         for nc in prange(n * c):
-            b = nc // c
-            ch = nc % c
-            for i in range(kh):
-                for j in range(kw):
-                    off = j * dw - pl
-                    lo, hi = _span(ow, sw, off, w)
-                    for oy in range(oh):
-                        iy = oy * sh - pt + i * dh
-                        dst = cols[b, ch, i, j, oy]
-                        if iy < 0 or iy >= h:
-                            dst[:] = 0
-                            continue
-                        src = x[b, ch, iy]
-                        dst[:lo] = 0
-                        dst[hi:] = 0
-                        if sw == 1:
-                            dst[lo:hi] = src[lo + off:hi + off]
-                        else:
-                            for ox in range(lo, hi):
-                                dst[ox] = src[ox * sw + off]
+            _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
 
-    @njit(parallel=True, nogil=True, cache=True, fastmath=True)
-    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, wd = x.shape
+    @njit(nogil=True, cache=True)
+    def _im2col_serial(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, c = x.shape[0], x.shape[1]
+        for nc in range(n * c):
+            _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True, inline="always", fastmath=True)
+    def _depthwise_plane(x, w, y, b, oc, sh, sw, dh, dw, pt, pl):  # pragma: no cover
+        h, wd = x.shape[2], x.shape[3]
         m, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        mult = m // c
+        ic = oc // (m // x.shape[1])
         oh, ow = y.shape[2], y.shape[3]
+        for oy in range(oh):
+            row = y[b, oc, oy]
+            for ox in range(ow):
+                row[ox] = 0
+            for i in range(kh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                src = x[b, ic, iy]
+                for j in range(kw):
+                    wv = w[oc, 0, i, j]
+                    off = j * dw - pl
+                    lo, hi = _span(ow, sw, off, wd)
+                    if sw == 1:
+                        for ox in range(lo, hi):
+                            row[ox] += wv * src[ox + off]
+                    else:
+                        for ox in range(lo, hi):
+                            row[ox] += wv * src[ox * sw + off]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, m = x.shape[0], w.shape[0]
         for nm in prange(n * m):
-            b = nm // m
-            oc = nm % m
-            ic = oc // mult
-            for oy in range(oh):
-                row = y[b, oc, oy]
-                row[:] = 0
-                for i in range(kh):
-                    iy = oy * sh - pt + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    src = x[b, ic, iy]
-                    for j in range(kw):
-                        wv = w[oc, 0, i, j]
-                        off = j * dw - pl
-                        lo, hi = _span(ow, sw, off, wd)
-                        if sw == 1:
-                            for ox in range(lo, hi):
-                                row[ox] += wv * src[ox + off]
-                        else:
-                            for ox in range(lo, hi):
-                                row[ox] += wv * src[ox * sw + off]
+            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True)
+    def _depthwise_serial(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, m = x.shape[0], w.shape[0]
+        for nm in range(n * m):
+            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
+
+
+#: below this many output elements times kernel taps a compiled launch runs
+#: serially: a parallel launch (wake-up, barrier) costs more than it saves, and
+#: on a busy machine it waits for a descheduled worker
+PARALLEL_MIN_WORK = 1 << 18
+
+
+def parallel_for(work: int) -> bool:
+    """Whether a compiled launch of ``work`` element-taps should use the
+    calling thread's numba pool (several threads and enough work)."""
+    return work >= PARALLEL_MIN_WORK and num_threads() > 1
 
 
 def num_threads() -> int:
@@ -125,6 +161,10 @@ def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
         cols = np.empty(shape, x.dtype)
     else:
         cols = cols.reshape(shape)
+    if not parallel_for(cols.size):
+        _im2col_serial(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0],
+                       dilations[1], pads_begin[0], pads_begin[1])
+        return cols
     with _LAUNCH:
         _im2col(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0], dilations[1],
                 pads_begin[0], pads_begin[1])
@@ -136,6 +176,11 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     ``M`` a multiple of ``C`` (one input channel per group)."""
     n = x.shape[0]
     y = np.empty((n, w.shape[0], out_shape[0], out_shape[1]), x.dtype)
+    if not parallel_for(y.size * w.shape[2] * w.shape[3]):
+        _depthwise_serial(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y,
+                          strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
+                          pads_begin[1])
+        return y
     with _LAUNCH:
         _depthwise(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
                    strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])

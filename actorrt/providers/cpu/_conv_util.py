@@ -8,6 +8,7 @@ tuples ``(begin, end)``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from typing import Sequence
@@ -220,7 +221,8 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             return y, path
     if path == "1x1":
         xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
-        y = np.matmul(wpack, xs.reshape(n, g, cg, P))
+        with gemm_threads(mg, ck, P):
+            y = np.matmul(wpack, xs.reshape(n, g, cg, P))
         return y.reshape(n, g * mg, *out_shape), path
     ws = list(workspace) if path == "im2col" else []
     padded = any(pb) or any(pe)
@@ -253,16 +255,34 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             cols = cols.reshape(k, g, cg * K, P)
         else:
             cols = view[n0:n0 + k].reshape(-1, g, cg * K, P)
-        np.matmul(wpack, cols, out=y[n0:n0 + k])
+        with gemm_threads(mg, ck, P):
+            np.matmul(wpack, cols, out=y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape), path
 
 
 #: use the compiled (numba) 2-D im2col / depthwise paths when numba is there
 COMPILED = True
+#: a convolution's GEMM (per image and group) below this many flops runs on one
+#: BLAS thread (:class:`._threads.serial_blas`): a threaded OpenBLAS call
+#: costs a wake-up and a barrier, and on a busy machine it waits milliseconds
+#: for a descheduled worker (resnetish at 2 threads: 55 ms a run vs 5.5 ms at 1)
+GEMM_PARALLEL_MIN_FLOPS = 1 << 24
+
+
+def gemm_threads(m: int, k: int, n: int):
+    """The context a convolution's ``(m, k) @ (k, n)`` GEMMs run in: one BLAS
+    thread below :data:`GEMM_PARALLEL_MIN_FLOPS`, else the pool as set."""
+    from ._threads import serial_blas
+    if 2 * m * k * n < GEMM_PARALLEL_MIN_FLOPS:
+        return serial_blas()
+    return contextlib.nullcontext()
 #: the compiled patch building only pays when it runs on several threads: at
 #: one thread it measured 10-15% slower than numpy's strided copy here (resnet50,
 #: resnetish), so below this many numba threads im2col stays numpy
 IM2COL_MIN_THREADS = 2
+#: ... and only for patch matrices of at least this many elements (smaller
+#: ones would build serially, where numpy's copy is faster)
+IM2COL_MIN_WORK = 1 << 18
 
 
 def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, path, workspace):
@@ -274,8 +294,9 @@ def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, pat
         return None
     n, c = x.shape[:2]
     g, mg, ck = wpack.shape
-    if path == "im2col" and cn.num_threads() < IM2COL_MIN_THREADS:
-        return None
+    if path == "im2col" and (cn.num_threads() < IM2COL_MIN_THREADS or
+                             n * c * math.prod(kernel) * math.prod(out_shape) < IM2COL_MIN_WORK):
+        return None  # numpy's strided copy is the faster serial patch building
     if path == "depthwise":
         w = wpack.reshape(g * mg, 1, *kernel)
         return cn.depthwise2d(x, w, strides, dilations, pb, out_shape)
@@ -289,7 +310,8 @@ def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, pat
         k = min(step, n - n0)
         cols = cn.im2col2d(x[n0:n0 + k], kernel, strides, dilations, pb, out_shape,
                            colbuf[:k * c * K * P])
-        np.matmul(wpack, cols.reshape(k, g, (c // g) * K, P), out=y[n0:n0 + k])
+        with gemm_threads(mg, ck, P):
+            np.matmul(wpack, cols.reshape(k, g, (c // g) * K, P), out=y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape)
 
 

@@ -12,17 +12,18 @@ numba :data:`HAVE_NUMBA` is False and the numpy paths run.
 * :func:`avgpool2d` -- ``y (N, C, OH, OW)``: sum of the in-image taps divided by
   ``count_h[oy] * count_w[ox]`` (the caller's divisors: pads counted or not).
 * :func:`global_avgpool` -- ``(N, C)`` means of ``x (N, C, S)``, accumulated in
-  float64.
+  float64 (serial: one pass over memory).
 
-Launches take :data:`._conv_numba.LAUNCH` (numba's threading layers must not
-see two parallel launches at once from different Python threads).
+Parallel launches take :data:`._conv_numba.LAUNCH` (numba's threading layers
+must not see two parallel launches at once from different Python threads);
+small ones (:func:`._conv_numba.parallel_for`) and the global mean run serially.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._conv_numba import HAVE_NUMBA, LAUNCH
+from ._conv_numba import HAVE_NUMBA, LAUNCH, parallel_for
 
 __all__ = ["HAVE_NUMBA", "maxpool2d", "avgpool2d", "global_avgpool"]
 
@@ -31,71 +32,94 @@ if HAVE_NUMBA:
 
     from ._conv_numba import span as _span
 
+    @njit(nogil=True, cache=True, inline="always")
+    def _maxpool_plane(x, y, b, ch, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
+        h, w = x.shape[2], x.shape[3]
+        oh, ow = y.shape[2], y.shape[3]
+        for oy in range(oh):
+            row = y[b, ch, oy]
+            for ox in range(ow):
+                row[ox] = -np.inf
+            for i in range(kh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                src = x[b, ch, iy]
+                for j in range(kw):
+                    off = j * dw - pl
+                    lo, hi = _span(ow, sw, off, w)
+                    for ox in range(lo, hi):
+                        v = src[ox * sw + off]
+                        if v > row[ox]:
+                            row[ox] = v
+
     @njit(parallel=True, nogil=True, cache=True)
     def _maxpool(x, y, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, w = x.shape
-        oh, ow = y.shape[2], y.shape[3]
+        n, c = x.shape[0], x.shape[1]
         for nc in prange(n * c):
-            b = nc // c
-            ch = nc % c
-            for oy in range(oh):
-                row = y[b, ch, oy]
-                row[:] = -np.inf
-                for i in range(kh):
-                    iy = oy * sh - pt + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    src = x[b, ch, iy]
-                    for j in range(kw):
-                        off = j * dw - pl
-                        lo, hi = _span(ow, sw, off, w)
-                        for ox in range(lo, hi):
-                            v = src[ox * sw + off]
-                            if v > row[ox]:
-                                row[ox] = v
+            _maxpool_plane(x, y, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True)
+    def _maxpool_serial(x, y, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, c = x.shape[0], x.shape[1]
+        for nc in range(n * c):
+            _maxpool_plane(x, y, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _avgpool_plane(x, y, cnt_h, cnt_w, b, ch, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
+        h, w = x.shape[2], x.shape[3]
+        oh, ow = y.shape[2], y.shape[3]
+        for oy in range(oh):
+            row = y[b, ch, oy]
+            for ox in range(ow):
+                row[ox] = 0
+            for i in range(kh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                src = x[b, ch, iy]
+                for j in range(kw):
+                    off = j * dw - pl
+                    lo, hi = _span(ow, sw, off, w)
+                    for ox in range(lo, hi):
+                        row[ox] += src[ox * sw + off]
+            for ox in range(ow):
+                row[ox] /= cnt_h[oy] * cnt_w[ox]
 
     @njit(parallel=True, nogil=True, cache=True)
     def _avgpool(x, y, cnt_h, cnt_w, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
-        n, c, h, w = x.shape
-        oh, ow = y.shape[2], y.shape[3]
+        n, c = x.shape[0], x.shape[1]
         for nc in prange(n * c):
-            b = nc // c
-            ch = nc % c
-            for oy in range(oh):
-                row = y[b, ch, oy]
-                row[:] = 0
-                for i in range(kh):
-                    iy = oy * sh - pt + i * dh
-                    if iy < 0 or iy >= h:
-                        continue
-                    src = x[b, ch, iy]
-                    for j in range(kw):
-                        off = j * dw - pl
-                        lo, hi = _span(ow, sw, off, w)
-                        for ox in range(lo, hi):
-                            row[ox] += src[ox * sw + off]
-                for ox in range(ow):
-                    row[ox] /= cnt_h[oy] * cnt_w[ox]
+            _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
-    @njit(parallel=True, nogil=True, cache=True)
+    @njit(nogil=True, cache=True)
+    def _avgpool_serial(x, y, cnt_h, cnt_w, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
+        n, c = x.shape[0], x.shape[1]
+        for nc in range(n * c):
+            _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True)
     def _global_avg(x, y):  # pragma: no cover - compiled
         n, c, s = x.shape
-        for nc in prange(n * c):
-            b = nc // c
-            ch = nc % c
-            acc = 0.0
-            src = x[b, ch]
-            for k in range(s):
-                acc += src[k]
-            y[b, ch] = acc / s
+        for b in range(n):
+            for ch in range(c):
+                acc = 0.0
+                src = x[b, ch]
+                for k in range(s):
+                    acc += src[k]
+                y[b, ch] = acc / s
 
 
 def maxpool2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape) -> np.ndarray:
     """Max pooling of C-contiguous float ``x (N, C, H, W)`` -> ``(N, C, OH, OW)``."""
     y = np.empty((*x.shape[:2], *out_shape), x.dtype)
+    args = (np.ascontiguousarray(x), y, kernel[0], kernel[1], strides[0], strides[1],
+            dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    if not parallel_for(y.size * kernel[0] * kernel[1]):
+        _maxpool_serial(*args)
+        return y
     with LAUNCH:
-        _maxpool(np.ascontiguousarray(x), y, kernel[0], kernel[1], strides[0], strides[1],
-                 dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+        _maxpool(*args)
     return y
 
 
@@ -104,16 +128,19 @@ def avgpool2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
     """Average pooling of float ``x (N, C, H, W)`` with per-row / per-column
     divisor factors ``count_h (OH,)``, ``count_w (OW,)`` -> ``(N, C, OH, OW)``."""
     y = np.empty((*x.shape[:2], *out_shape), x.dtype)
+    args = (np.ascontiguousarray(x), y, np.ascontiguousarray(count_h, dtype=x.dtype),
+            np.ascontiguousarray(count_w, dtype=x.dtype), kernel[0], kernel[1], strides[0],
+            strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    if not parallel_for(y.size * kernel[0] * kernel[1]):
+        _avgpool_serial(*args)
+        return y
     with LAUNCH:
-        _avgpool(np.ascontiguousarray(x), y, np.ascontiguousarray(count_h, dtype=x.dtype),
-                 np.ascontiguousarray(count_w, dtype=x.dtype), kernel[0], kernel[1], strides[0],
-                 strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+        _avgpool(*args)
     return y
 
 
 def global_avgpool(x: np.ndarray) -> np.ndarray:
     """``(N, C)`` means over the last axis of float ``x (N, C, S)``."""
     y = np.empty(x.shape[:2], x.dtype)
-    with LAUNCH:
-        _global_avg(np.ascontiguousarray(x), y)
+    _global_avg(np.ascontiguousarray(x), y)  # memory-bound and small: serial
     return y

@@ -43,13 +43,21 @@ def _model(case):
         RNG.standard_normal((n, c, h, w)).astype(np.float32)
 
 
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_conv_paths_match_onnxruntime(case, compiled, monkeypatch):
+def test_conv_paths_match_onnxruntime(case, compiled, parallel, monkeypatch):
     if compiled and not _conv_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
+    if not compiled and not parallel:
+        pytest.skip("the numpy path has no serial / parallel drivers")
     monkeypatch.setattr(_conv_util, "COMPILED", compiled)
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 1)  # the compiled im2col at any count
+    monkeypatch.setattr(_conv_util, "IM2COL_MIN_WORK", 0)  # ... and any size
+    # the parallel drivers (from any size) or the serial ones (always)
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
+    # the GEMMs threaded or on one BLAS thread
+    monkeypatch.setattr(_conv_util, "GEMM_PARALLEL_MIN_FLOPS", 0 if parallel else 1 << 62)
     model, x = _model(case)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
@@ -90,3 +98,44 @@ def test_intra_op_num_threads():
     for bad in (-1, 1.5, "2"):
         with pytest.raises(actorrt.InvalidArgumentError):
             actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=bad))
+
+
+def test_serial_blas_nests_and_restores_the_pool():
+    """Small convolution GEMMs run inside ``serial_blas``: one BLAS thread
+    there (nested and from several Python threads), the count as set outside."""
+    import threading
+
+    import threadpoolctl
+    from actorrt.providers.cpu import _threads
+
+    def blas_counts():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+    before = threadpoolctl.threadpool_info()
+    try:
+        _threads.apply(2)
+        outside = blas_counts()
+        assert outside and all(n == 2 for n in outside)
+        seen = []
+
+        def worker():
+            with _threads.serial_blas():
+                seen.append(blas_counts())
+
+        with _threads.serial_blas():
+            with _threads.serial_blas():
+                assert all(n == 1 for n in blas_counts())
+            assert all(n == 1 for n in blas_counts())
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+        assert seen and all(n == 1 for n in seen[0])
+        assert blas_counts() == outside
+        _threads.apply(1)
+        with _threads.serial_blas():  # one thread already: nothing to switch
+            assert all(n == 1 for n in blas_counts())
+    finally:
+        for info in before:
+            if info["user_api"] == "blas":
+                threadpoolctl.threadpool_limits(limits=info["num_threads"], user_api="blas")
+                _threads.apply(info["num_threads"])

@@ -44,11 +44,14 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, **extra):
     return got, want, used
 
 
-@pytest.fixture(params=[True, False], ids=["compiled", "numpy"])
-def compiled(request):
-    if request.param and not _pool_numba.HAVE_NUMBA:
+@pytest.fixture(params=["parallel", "serial", "numpy"])
+def compiled(request, monkeypatch):
+    """The compiled kernels' parallel and serial drivers, and the numpy path."""
+    if request.param != "numpy" and not _pool_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
-    return request.param
+    from actorrt.providers.cpu import _conv_numba
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0 if request.param == "parallel" else 1 << 62)
+    return request.param != "numpy"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

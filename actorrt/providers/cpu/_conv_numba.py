@@ -12,8 +12,10 @@ never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
   one input channel per group, directly (no patch matrix); parallel over planes.
 
 Both take float32 or float64 C-contiguous arrays and strides / dilations /
-leading pads as ints. Each has a parallel and a serial driver over one
-per-plane body; :func:`parallel_for` picks (small launches run serially).
+leading pads as ints. Each has a serial driver over a range of planes and a
+numba-parallel one over one per-plane body; :func:`run_planes` runs small
+work serially and splits large work into plane ranges on the intra-op
+threads (:mod:`._parallel`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import threading
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "LAUNCH", "span", "im2col2d", "depthwise2d", "num_threads",
-           "parallel_for", "PARALLEL_MIN_WORK"]
+           "parallel_for", "run_planes", "PARALLEL_MIN_WORK", "USE_NUMBA_POOL"]
 
 try:
     from numba import njit, prange
@@ -87,9 +89,9 @@ if HAVE_NUMBA:
             _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True)
-    def _im2col_serial(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c = x.shape[0], x.shape[1]
-        for nc in range(n * c):
+    def _im2col_serial(x, cols, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
+        c = x.shape[1]
+        for nc in range(start, stop):
             _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True, inline="always", fastmath=True)
@@ -125,22 +127,49 @@ if HAVE_NUMBA:
             _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True)
-    def _depthwise_serial(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, m = x.shape[0], w.shape[0]
-        for nm in range(n * m):
+    def _depthwise_serial(x, w, y, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
+        m = w.shape[0]
+        for nm in range(start, stop):
             _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
 
 
-#: below this many output elements times kernel taps a compiled launch runs
-#: serially: a parallel launch (wake-up, barrier) costs more than it saves, and
-#: on a busy machine it waits for a descheduled worker
-PARALLEL_MIN_WORK = 1 << 18
+#: below this many output elements times kernel taps a compiled kernel runs
+#: on the calling thread alone; above, its planes are split into chunks run by
+#: :func:`._parallel.run_chunks` (the serial driver over plane ranges: no
+#: spinning OpenMP pool, which on a busy 2-core machine made every launch wait
+#: for a descheduled worker)
+PARALLEL_MIN_WORK = 1 << 20
+#: run the numba ``parallel=True`` drivers (the OpenMP/TBB pool) instead
+USE_NUMBA_POOL = False
 
 
 def parallel_for(work: int) -> bool:
-    """Whether a compiled launch of ``work`` element-taps should use the
-    calling thread's numba pool (several threads and enough work)."""
-    return work >= PARALLEL_MIN_WORK and num_threads() > 1
+    """Whether a compiled kernel of ``work`` element-taps should be split
+    across the session's intra-op threads (several threads and enough work)."""
+    if work < PARALLEL_MIN_WORK:
+        return False
+    from ._threads import current
+    return current() > 1
+
+
+def run_planes(serial, parallel, args: tuple, planes: int, work: int) -> None:
+    """Run a kernel over ``planes`` planes: ``serial(*args, start, stop)`` on
+    the calling thread, split into plane ranges across the intra-op threads
+    when :func:`parallel_for` says so (or ``parallel(*args)`` on numba's pool
+    with :data:`USE_NUMBA_POOL`)."""
+    if not parallel_for(work):
+        serial(*args, 0, planes)
+        return
+    if USE_NUMBA_POOL:
+        with _LAUNCH:
+            parallel(*args)
+        return
+    from . import _parallel
+    from ._threads import current
+    threads = current()
+    per = max(1, -(-planes // (4 * threads)))
+    _parallel.run_chunks(lambda t: serial(*args, t * per, min(planes, (t + 1) * per)),
+                         -(-planes // per), threads)
 
 
 def num_threads() -> int:
@@ -161,13 +190,9 @@ def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
         cols = np.empty(shape, x.dtype)
     else:
         cols = cols.reshape(shape)
-    if not parallel_for(cols.size):
-        _im2col_serial(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0],
-                       dilations[1], pads_begin[0], pads_begin[1])
-        return cols
-    with _LAUNCH:
-        _im2col(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0], dilations[1],
-                pads_begin[0], pads_begin[1])
+    run_planes(_im2col_serial, _im2col, (np.ascontiguousarray(x), cols, strides[0], strides[1],
+                                         dilations[0], dilations[1], pads_begin[0], pads_begin[1]),
+               n * c, cols.size)
     return cols
 
 
@@ -176,12 +201,8 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     ``M`` a multiple of ``C`` (one input channel per group)."""
     n = x.shape[0]
     y = np.empty((n, w.shape[0], out_shape[0], out_shape[1]), x.dtype)
-    if not parallel_for(y.size * w.shape[2] * w.shape[3]):
-        _depthwise_serial(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y,
-                          strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
-                          pads_begin[1])
-        return y
-    with _LAUNCH:
-        _depthwise(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
-                   strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    run_planes(_depthwise_serial, _depthwise,
+               (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
+                strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1]),
+               n * w.shape[0], y.size * w.shape[2] * w.shape[3])
     return y

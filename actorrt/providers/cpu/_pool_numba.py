@@ -14,16 +14,16 @@ numba :data:`HAVE_NUMBA` is False and the numpy paths run.
 * :func:`global_avgpool` -- ``(N, C)`` means of ``x (N, C, S)``, accumulated in
   float64 (serial: one pass over memory).
 
-Parallel launches take :data:`._conv_numba.LAUNCH` (numba's threading layers
-must not see two parallel launches at once from different Python threads);
-small ones (:func:`._conv_numba.parallel_for`) and the global mean run serially.
+Each kernel has a serial driver over plane ranges and a numba-parallel one;
+:func:`._conv_numba.run_planes` picks and splits (the global mean, one pass
+over memory, runs serially).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._conv_numba import HAVE_NUMBA, LAUNCH, parallel_for
+from ._conv_numba import HAVE_NUMBA, run_planes
 
 __all__ = ["HAVE_NUMBA", "maxpool2d", "avgpool2d", "global_avgpool"]
 
@@ -60,9 +60,9 @@ if HAVE_NUMBA:
             _maxpool_plane(x, y, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True)
-    def _maxpool_serial(x, y, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c = x.shape[0], x.shape[1]
-        for nc in range(n * c):
+    def _maxpool_serial(x, y, kh, kw, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
+        c = x.shape[1]
+        for nc in range(start, stop):
             _maxpool_plane(x, y, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True, inline="always")
@@ -93,9 +93,10 @@ if HAVE_NUMBA:
             _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True)
-    def _avgpool_serial(x, y, cnt_h, cnt_w, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
-        n, c = x.shape[0], x.shape[1]
-        for nc in range(n * c):
+    def _avgpool_serial(x, y, cnt_h, cnt_w, kh, kw, sh, sw, dh, dw, pt, pl, start,
+                        stop):  # pragma: no cover
+        c = x.shape[1]
+        for nc in range(start, stop):
             _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True)
@@ -115,11 +116,7 @@ def maxpool2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape) 
     y = np.empty((*x.shape[:2], *out_shape), x.dtype)
     args = (np.ascontiguousarray(x), y, kernel[0], kernel[1], strides[0], strides[1],
             dilations[0], dilations[1], pads_begin[0], pads_begin[1])
-    if not parallel_for(y.size * kernel[0] * kernel[1]):
-        _maxpool_serial(*args)
-        return y
-    with LAUNCH:
-        _maxpool(*args)
+    run_planes(_maxpool_serial, _maxpool, args, x.shape[0] * x.shape[1], y.size * kernel[0] * kernel[1])
     return y
 
 
@@ -131,11 +128,7 @@ def avgpool2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
     args = (np.ascontiguousarray(x), y, np.ascontiguousarray(count_h, dtype=x.dtype),
             np.ascontiguousarray(count_w, dtype=x.dtype), kernel[0], kernel[1], strides[0],
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
-    if not parallel_for(y.size * kernel[0] * kernel[1]):
-        _avgpool_serial(*args)
-        return y
-    with LAUNCH:
-        _avgpool(*args)
+    run_planes(_avgpool_serial, _avgpool, args, x.shape[0] * x.shape[1], y.size * kernel[0] * kernel[1])
     return y
 
 

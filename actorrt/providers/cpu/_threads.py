@@ -9,10 +9,11 @@ run, and sessions with different counts switch the pools as they alternate.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
-__all__ = ["apply", "blas_threads", "serial_blas"]
+__all__ = ["apply", "blas_threads", "current", "serial_blas"]
 
 _lock = threading.Lock()
 _blas: int | None = None  # BLAS threads last set through here
@@ -62,13 +63,29 @@ def _blas_controllers() -> list:
     return _blas_libs
 
 
+_default: int | None = None
+
+
+def current() -> int:
+    """Threads the CPU kernels may use now: the count :func:`apply` last set,
+    else (``intra_op_num_threads`` unset: every core) the BLAS pool's own size
+    when first asked."""
+    global _default
+    if _blas is not None:
+        return _blas
+    if _default is None:
+        counts = [lc.get_num_threads() for lc in _blas_controllers()]
+        _default = max([c for c in counts if c] or [os.cpu_count() or 1])
+    return _default
+
+
 class serial_blas:
     """Context manager: BLAS calls made inside run on one thread.
 
     For GEMMs too small to pay a thread pool's wake-up and barrier (the many
     small products of a CNN's convolutions: at 2 threads on a busy 2-core
     machine each threaded call waited milliseconds for a descheduled worker).
-    A no-op when :func:`apply` last set one BLAS thread (or never ran). The
+    A no-op when :func:`current` is one thread. The
     pools are process-wide: while any thread is inside, other threads' BLAS
     calls also run on one thread (slower, never wrong); the count in effect
     before the first entrant is restored when the last one leaves.
@@ -78,7 +95,7 @@ class serial_blas:
 
     def __enter__(self):
         global _serial_depth
-        self._on = _blas is not None and _blas > 1
+        self._on = current() > 1
         if self._on:
             with _serial_lock:
                 if _serial_depth == 0:

@@ -43,14 +43,18 @@ def _model(case):
         RNG.standard_normal((n, c, h, w)).astype(np.float32)
 
 
-@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
+@pytest.mark.parametrize("drivers", ["chunks", "numba-pool", "serial"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_conv_paths_match_onnxruntime(case, compiled, parallel, monkeypatch):
+def test_conv_paths_match_onnxruntime(case, compiled, drivers, monkeypatch):
+    """Each path with its work split in plane ranges / column blocks across
+    the intra-op threads (``chunks``), on numba's own pool, or serial."""
     if compiled and not _conv_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
-    if not compiled and not parallel:
-        pytest.skip("the numpy path has no serial / parallel drivers")
+    if not compiled and drivers == "numba-pool":
+        pytest.skip("the numpy path has no numba drivers")
+    parallel = drivers != "serial"
+    monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", drivers == "numba-pool")
     monkeypatch.setattr(_conv_util, "COMPILED", compiled)
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 1)  # the compiled im2col at any count
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_WORK", 0)  # ... and any size
@@ -58,6 +62,7 @@ def test_conv_paths_match_onnxruntime(case, compiled, parallel, monkeypatch):
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
     # the GEMMs threaded or on one BLAS thread
     monkeypatch.setattr(_conv_util, "GEMM_PARALLEL_MIN_FLOPS", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(_conv_util, "GEMM_BLOCK_MIN", 16)  # several column blocks per product
     model, x = _model(case)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:

@@ -44,13 +44,15 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, **extra):
     return got, want, used
 
 
-@pytest.fixture(params=["parallel", "serial", "numpy"])
+@pytest.fixture(params=["chunks", "numba-pool", "serial", "numpy"])
 def compiled(request, monkeypatch):
-    """The compiled kernels' parallel and serial drivers, and the numpy path."""
+    """The compiled kernels split in plane ranges across the intra-op threads,
+    on numba's pool, serial; and the numpy path."""
     if request.param != "numpy" and not _pool_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     from actorrt.providers.cpu import _conv_numba
-    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0 if request.param == "parallel" else 1 << 62)
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 1 << 62 if request.param == "serial" else 0)
+    monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", request.param == "numba-pool")
     return request.param != "numpy"
 
 

@@ -271,9 +271,10 @@ GEMM_PARALLEL_MIN_FLOPS = 1 << 22
 #: column-block width of the parallel GEMM (a multiple of the BLAS tile width)
 GEMM_BLOCK_MIN = 128
 #: the compiled patch building only pays when it runs on several threads: at
-#: one thread it measured 10-15% slower than numpy's strided copy here (resnet50,
-#: resnetish), so below this many numba threads im2col stays numpy
-IM2COL_MIN_THREADS = 2
+#: one thread it measured 2-3x slower than numpy's strided copy here (numba
+#: 0.61, round 3), and split over 2 threads still slower than numpy on one, so
+#: by default im2col stays numpy (the tests set this to 1 to check the kernel)
+IM2COL_MIN_THREADS = 1 << 30
 #: ... and only for patch matrices of at least this many elements (smaller
 #: ones would build serially, where numpy's copy is faster)
 IM2COL_MIN_WORK = 1 << 18

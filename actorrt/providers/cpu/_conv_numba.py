@@ -154,11 +154,11 @@ def run_planes(serial, parallel, args: tuple, planes: int, work: int) -> None:
     """Run a kernel over ``planes`` planes: ``serial(*args, start, stop)`` on
     the calling thread, split into plane ranges across the intra-op threads
     when :func:`parallel_for` says so (or ``parallel(*args)`` on numba's pool
-    with :data:`USE_NUMBA_POOL`)."""
+    with :data:`USE_NUMBA_POOL`, when the kernel has one: ``parallel`` not None)."""
     if not parallel_for(work):
         serial(*args, 0, planes)
         return
-    if USE_NUMBA_POOL:
+    if USE_NUMBA_POOL and parallel is not None:
         with _LAUNCH:
             parallel(*args)
         return

@@ -144,3 +144,45 @@ def test_serial_blas_nests_and_restores_the_pool():
             if info["user_api"] == "blas":
                 threadpoolctl.threadpool_limits(limits=info["num_threads"], user_api="blas")
                 _threads.apply(info["num_threads"])
+
+
+@pytest.mark.parametrize("epilogue", ["compiled", "numpy"])
+@pytest.mark.parametrize("act,params", [("", []), ("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
+                                        ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4])])
+@pytest.mark.parametrize("with_z", [False, True])
+@pytest.mark.parametrize("with_b", [False, True])
+def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, monkeypatch):
+    """com.microsoft FusedConv: bias, residual Z and the activation in one
+    compiled pass (Relu / LeakyRelu / Clip / none) or the numpy epilogue."""
+    from actorrt.providers.cpu import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
+    n, c, h, w, m = 2, 3, 9, 11, 5
+    ins = ["x", "W", "B" if with_b else ""]
+    if with_z:
+        ins.append("Z")
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    if act:
+        attrs["activation"] = act
+    if params:
+        attrs["activation_params"] = params
+    node = helper.make_node("FusedConv", ins, ["y"], domain="com.microsoft", **attrs)
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c, 3, 3)).astype(np.float32), "W")]
+    if with_b:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B"))
+    vis = [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])]
+    feeds = {"x": RNG.standard_normal((n, c, h, w)).astype(np.float32)}
+    if with_z:
+        vis.append(helper.make_tensor_value_info("Z", TP.FLOAT, [n, m, h, w]))
+        feeds["Z"] = RNG.standard_normal((n, m, h, w)).astype(np.float32)
+    g = helper.make_graph([node], "fc", vis, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, feeds)[0]
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    compiled = epilogue == "compiled" and act in ("", "Relu", "LeakyRelu", "Clip") and (with_b or with_z or act)
+    assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)

@@ -165,7 +165,7 @@ def run_planes(serial, parallel, args: tuple, planes: int, work: int) -> None:
     from . import _parallel
     from ._threads import current
     threads = current()
-    per = max(1, -(-planes // (4 * threads)))
+    per = max(1, -(-planes // (_parallel.CHUNKS_PER_THREAD * threads)))
     _parallel.run_chunks(lambda t: serial(*args, t * per, min(planes, (t + 1) * per)),
                          -(-planes // per), threads)
 

@@ -296,7 +296,7 @@ def conv_gemm(wpack: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
         if threads <= 1 or flops < GEMM_PARALLEL_MIN_FLOPS:
             np.matmul(wpack, cols, out=out)
             return
-        want = 4 * threads  # enough blocks that a late helper's share is small
+        want = _parallel.CHUNKS_PER_THREAD * threads
         per_product = max(1, -(-want // (k * g)))
         bw = max(GEMM_BLOCK_MIN, -(-P // per_product))
         bw = -(-bw // 16) * 16

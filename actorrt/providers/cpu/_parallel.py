@@ -21,7 +21,12 @@ import queue
 import threading
 from typing import Callable
 
-__all__ = ["run_chunks"]
+__all__ = ["run_chunks", "CHUNKS_PER_THREAD"]
+
+#: chunks the kernels cut their work into, per thread: few, because every
+#: chunk start is a GIL handoff, and on a busy machine a thread descheduled
+#: while holding the GIL stalls the other for a whole time slice
+CHUNKS_PER_THREAD = 1
 
 _helpers: list[threading.Thread] = []
 _jobs: "queue.SimpleQueue[_Job]" = queue.SimpleQueue()

@@ -42,7 +42,10 @@ def apply(n: int | None) -> None:
                 threadpoolctl.threadpool_limits(limits=n, user_api="blas")
                 _blas = n
     numba = sys.modules.get("numba")
-    if numba is not None:  # only once something compiled loaded it
+    # only once something compiled loaded it, and only once that import has
+    # finished: another segment's thread may be importing numba right now (a
+    # partially initialised module has no ``config`` yet)
+    if numba is not None and hasattr(numba, "config") and hasattr(numba, "set_num_threads"):
         want = min(n, numba.config.NUMBA_NUM_THREADS)
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)

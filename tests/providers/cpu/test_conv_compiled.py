@@ -186,3 +186,16 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     compiled = epilogue == "compiled" and act in ("", "Relu", "LeakyRelu", "Clip") and (with_b or with_z or act)
     assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)
+
+
+def test_apply_skips_a_numba_still_being_imported(monkeypatch):
+    """Another segment's thread may be importing numba while a segment starts:
+    the half-made module in sys.modules has no ``config`` yet (this failed the
+    benchmark's shufflenet / squeezenet runs at random with AttributeError)."""
+    import sys
+    import types
+
+    from actorrt.providers.cpu import _threads
+    half = types.ModuleType("numba")  # what sys.modules holds mid-import
+    monkeypatch.setitem(sys.modules, "numba", half)
+    _threads.apply(1)  # no AttributeError

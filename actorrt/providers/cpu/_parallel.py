@@ -17,6 +17,7 @@ re-raised in the caller after every claimed chunk has finished.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Callable
@@ -65,9 +66,9 @@ class _Job:
                     self.finished.set()
 
 
-def _helper() -> None:
+def _helper(jobs: "queue.SimpleQueue[_Job]") -> None:
     while True:
-        _jobs.get().work()
+        jobs.get().work()
 
 
 def _ensure(count: int) -> None:
@@ -75,10 +76,22 @@ def _ensure(count: int) -> None:
         return
     with _start_lock:
         while len(_helpers) < count:
-            t = threading.Thread(target=_helper, name=f"actorrt-cpu-helper-{len(_helpers)}",
-                                 daemon=True)
+            t = threading.Thread(target=_helper, args=(_jobs,),
+                                 name=f"actorrt-cpu-helper-{len(_helpers)}", daemon=True)
             t.start()
             _helpers.append(t)
+
+
+def _after_fork() -> None:
+    """A forked child has none of the parent's helper threads: start afresh."""
+    global _jobs, _start_lock
+    _helpers.clear()
+    _jobs = queue.SimpleQueue()
+    _start_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def run_chunks(fn: Callable[[int], None], n: int, threads: int) -> None:

@@ -52,3 +52,30 @@ def test_busy_helpers_do_not_hold_the_caller_up():
     finally:
         release.set()
         t.join(10)
+
+
+def test_a_forked_child_starts_its_own_helpers():
+    import os
+    import sys
+
+    if not hasattr(os, "fork") or sys.platform == "darwin":
+        pytest.skip("fork")
+    _parallel.run_chunks(lambda i: None, 4, 2)  # helpers exist in the parent
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the chunks still all run, on fresh helpers
+        try:
+            seen = []
+            lock = threading.Lock()
+
+            def fn(i):
+                with lock:
+                    seen.append(i)
+            _parallel.run_chunks(fn, 8, 2)
+            os.write(w, b"ok" if sorted(seen) == list(range(8)) and _parallel._helpers[0].is_alive() else b"no")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 2)
+    os.waitpid(pid, 0)
+    assert got == b"ok"

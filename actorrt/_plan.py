@@ -20,6 +20,7 @@ import itertools
 import math
 import operator
 import sys
+import threading
 import traceback
 from typing import Any, Callable, Sequence
 
@@ -63,6 +64,12 @@ class PlanOptions:
             (:meth:`ExecutionProvider.fuse_steps`).
         graph_optimization_level: :mod:`actorrt.optimizer` level run on the
             main graph after folding (0 none, 1 basic, 2 extended, 99 all).
+        specialise_defaults: compile the main graph with its overridable
+            initializers (graph inputs with an initializer) as the constants
+            they are by default, so folding and the optimizer see them; a run
+            that feeds one of them uses a generic plan compiled on first need
+            (:meth:`Plan.generic_plan`). onnxruntime folds them only for IR < 4
+            (where it refuses to let them be fed); results are the same.
     """
 
     fold_constants: bool = True
@@ -72,6 +79,7 @@ class PlanOptions:
     track_memory: bool = False
     fuse: bool = True
     graph_optimization_level: int = 99
+    specialise_defaults: bool = True
 
 
 @attrs.define(eq=False)
@@ -302,6 +310,34 @@ class Plan:
         #: (node name, reason) of each candidate a provider declined to fuse
         #: (e.g. an LLM decoder block of another shape than its fused kernel's)
         self.fusion_declines: list[tuple[str, str]] = []
+        #: overridable initializers compiled in as constants
+        #: (:attr:`PlanOptions.specialise_defaults`); a run feeding one of them
+        #: takes :meth:`generic_plan`
+        self.specialised: frozenset[str] = frozenset()
+        self._generic_compile: Callable[[], "Plan"] | None = None
+        self._generic: "Plan | None" = None
+        self._generic_lock = threading.Lock()
+
+    # ------------------------------------------------- specialised defaults
+    def overrides_default(self, feeds: dict) -> bool:
+        """Whether ``feeds`` names an input this plan compiled in as its
+        default value (then :meth:`generic_plan` must run it)."""
+        return bool(self.specialised) and not self.specialised.isdisjoint(feeds)
+
+    def generic_plan(self) -> "Plan":
+        """The plan with every overridable initializer read from the run's
+        feeds, compiled on the first call (blocking: call it from a worker
+        thread) and kept; ``self`` when nothing was specialised.
+
+        Raises:
+            UnsupportedOperatorError, KernelError: as :func:`compile_plan`.
+        """
+        if self._generic_compile is None:
+            return self
+        with self._generic_lock:
+            if self._generic is None:
+                self._generic = self._generic_compile()
+            return self._generic
 
     # ------------------------------------------------------------ running
     def new_env(self) -> list:
@@ -599,6 +635,8 @@ class _Compiler:
             vt = value_type_of(v.type, v.shape)
             self.types[v.name] = vt
             input_names.add(v.name)
+        specialise = self.options.specialise_defaults and not self.outer
+        specialised = []
         for name, v in g.initializers.items():
             if v.const_value is None:
                 continue
@@ -606,6 +644,10 @@ class _Compiler:
             self.types[name] = ValueType("tensor", int(v.const_value.dtype), tuple(arr.shape))
             if name not in input_names:
                 self.consts[name] = arr
+            elif specialise:
+                self.consts[name] = arr
+                specialised.append(name)
+        plan.specialised = frozenset(specialised)
         for v in g.inputs:
             init = g.initializers.get(v.name)
             default = None
@@ -1436,4 +1478,9 @@ def compile_plan(graph: ir.Graph, opsets: dict[str, int], providers: Sequence[An
             reason included).
         KernelError: a kernel could not be built or prepacked.
     """
-    return _Compiler(graph, opsets, providers, options, model_name).compile()
+    plan = _Compiler(graph, opsets, providers, options, model_name).compile()
+    if plan.specialised:
+        generic = attrs.evolve(options, specialise_defaults=False)
+        plan._generic_compile = lambda: _Compiler(graph, opsets, providers, generic,
+                                                  model_name).compile()
+    return plan

@@ -353,6 +353,9 @@ class Session:
             for name, b in self._bindings.items():
                 feeds.setdefault(name, b.value())
             donated |= {n for n, b in self._bindings.items() if b.output_name is not None}
+        if plan.overrides_default(feeds):  # a compiled-in initializer is fed
+            plan = await trio.to_thread.run_sync(plan.generic_plan)
+            env = plan.new_env()
         plan.bind_feeds(feeds, env, donated)
         seg = self._direct
         if seg is not None and seg.provider.runs_inline(seg, env):
@@ -500,7 +503,9 @@ class Session:
         if not self._output_views:  # next_feeds sees owned outputs
             next_feeds = _owning(next_feeds, plan, frozenset(donate), pairs, self._output_index)
         providers = {seg.provider for seg in plan.segments}
-        if len(providers) == 1 and not self._bindings and not plan.mixed:
+        # (a plan with compiled-in initializer defaults takes the per-run
+        # loop below, where a feed overriding one of them picks the generic plan)
+        if len(providers) == 1 and not self._bindings and not plan.mixed and not plan.specialised:
             provider = providers.pop()
             state = RunState()
             self._runs.add(state)

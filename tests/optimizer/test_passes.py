@@ -155,9 +155,14 @@ def test_conv_output_read_twice_not_folded():
     np.testing.assert_allclose(got[0], _ort(m_, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("act", [None, "Relu", "Clip"])
-def test_bn_mul_add_activation(act):
-    """DenseNet's pre-activation BN -> Mul -> Add -> Relu becomes one ChannelAffine."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("act", [None, "Relu", "Clip", "LeakyRelu", "Sigmoid"])
+def test_bn_mul_add_activation(act, compiled, monkeypatch):
+    """DenseNet's pre-activation BN -> Mul -> Add -> Relu becomes one ChannelAffine
+    (its compiled one-pass kernel and the numpy one)."""
+    from actorrt.providers.cpu import _conv_numba, normalization
+    monkeypatch.setattr(normalization, "COMPILED_AFFINE", compiled)
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges across threads
     x = RNG.standard_normal((2, 7, 5, 3)).astype(np.float32)
     inits = _bn_inits("bn", 7) + [_init("mul", RNG.standard_normal((7, 1, 1)).astype(np.float32)),
                                   _init("add", RNG.standard_normal((7, 1, 1)).astype(np.float32))]
@@ -170,6 +175,9 @@ def test_bn_mul_add_activation(act):
         last = "out"
     elif act == "Clip":
         nodes.append(helper.make_node("Clip", ["v"], ["out"], min=-0.2, max=0.9))
+        last = "out"
+    elif act:
+        nodes.append(helper.make_node(act, ["v"], ["out"], **({"alpha": 0.3} if act == "LeakyRelu" else {})))
         last = "out"
     m_ = _model(nodes, [_vi("x", list(x.shape))], [_vi(last, None)], inits, opset=17 if act != "Clip" else 9)
     ops = _check(m_, {"x": x}, "ChannelAffine")

@@ -12,7 +12,10 @@ never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
   one input channel per group, directly (no patch matrix); parallel over planes.
 
 Both take float32 or float64 C-contiguous arrays and strides / dilations /
-leading pads as ints.
+leading pads as ints. Each has a serial driver over a range of planes and a
+numba-parallel one over one per-plane body; :func:`run_planes` runs small
+work serially and splits large work into plane ranges on the intra-op
+threads (:mod:`._parallel`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import threading
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "im2col2d", "depthwise2d", "num_threads"]
+__all__ = ["HAVE_NUMBA", "LAUNCH", "span", "im2col2d", "depthwise2d", "num_threads",
+           "parallel_for", "run_planes", "PARALLEL_MIN_WORK", "USE_NUMBA_POOL"]
 
 try:
     from numba import njit, prange
@@ -30,8 +34,9 @@ except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 #: numba's workqueue threading layer aborts on parallel launches from two
-#: Python threads at once (segments may run concurrently): one at a time
-_LAUNCH = threading.Lock()
+#: Python threads at once (segments may run concurrently): one at a time (the
+#: compiled pooling of :mod:`._pool_numba` takes it too)
+LAUNCH = _LAUNCH = threading.Lock()
 
 if HAVE_NUMBA:
     @njit(nogil=True, cache=True, inline="always")
@@ -47,60 +52,122 @@ if HAVE_NUMBA:
             hi = lo
         return lo, hi
 
-    @njit(parallel=True, nogil=True, cache=True)
-    def _im2col(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, w = x.shape
-        kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
-        for nc in prange(n * c):
-            b = nc // c
-            ch = nc % c
-            for i in range(kh):
-                for j in range(kw):
-                    off = j * dw - pl
-                    lo, hi = _span(ow, sw, off, w)
-                    for oy in range(oh):
-                        iy = oy * sh - pt + i * dh
-                        dst = cols[b, ch, i, j, oy]
-                        if iy < 0 or iy >= h:
-                            dst[:] = 0
-                            continue
-                        src = x[b, ch, iy]
-                        dst[:lo] = 0
-                        dst[hi:] = 0
-                        if sw == 1:
-                            dst[lo:hi] = src[lo + off:hi + off]
-                        else:
-                            for ox in range(lo, hi):
-                                dst[ox] = src[ox * sw + off]
+    #: public name of :func:`_span` for the other compiled 2-D window kernels
+    span = _span
 
-    @njit(parallel=True, nogil=True, cache=True, fastmath=True)
-    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, c, h, wd = x.shape
-        m, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        mult = m // c
-        oh, ow = y.shape[2], y.shape[3]
-        for nm in prange(n * m):
-            b = nm // m
-            oc = nm % m
-            ic = oc // mult
-            for oy in range(oh):
-                row = y[b, oc, oy]
-                row[:] = 0
-                for i in range(kh):
+    # (element indexing throughout: row views inside these loops measured 3-5x
+    # slower in numba 0.61 than the same loops on indices)
+    @njit(nogil=True, cache=True)
+    def _im2col_plane(x, cols, b, ch, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        h, w = x.shape[2], x.shape[3]
+        kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
+        for i in range(kh):
+            for j in range(kw):
+                off = j * dw - pl
+                lo, hi = _span(ow, sw, off, w)
+                for oy in range(oh):
                     iy = oy * sh - pt + i * dh
                     if iy < 0 or iy >= h:
+                        for ox in range(ow):
+                            cols[b, ch, i, j, oy, ox] = 0
                         continue
-                    src = x[b, ic, iy]
-                    for j in range(kw):
-                        wv = w[oc, 0, i, j]
-                        off = j * dw - pl
-                        lo, hi = _span(ow, sw, off, wd)
-                        if sw == 1:
-                            for ox in range(lo, hi):
-                                row[ox] += wv * src[ox + off]
-                        else:
-                            for ox in range(lo, hi):
-                                row[ox] += wv * src[ox * sw + off]
+                    for ox in range(lo):
+                        cols[b, ch, i, j, oy, ox] = 0
+                    for ox in range(hi, ow):
+                        cols[b, ch, i, j, oy, ox] = 0
+                    if sw == 1:
+                        for ox in range(lo, hi):
+                            cols[b, ch, i, j, oy, ox] = x[b, ch, iy, ox + off]
+                    else:
+                        for ox in range(lo, hi):
+                            cols[b, ch, i, j, oy, ox] = x[b, ch, iy, ox * sw + off]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _im2col(x, cols, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, c = x.shape[0], x.shape[1]
+        for nc in prange(n * c):
+            _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True)
+    def _im2col_serial(x, cols, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
+        c = x.shape[1]
+        for nc in range(start, stop):
+            _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True, fastmath=True)
+    def _depthwise_plane(x, w, y, b, oc, sh, sw, dh, dw, pt, pl):  # pragma: no cover
+        h, wd = x.shape[2], x.shape[3]
+        m, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        ic = oc // (m // x.shape[1])
+        oh, ow = y.shape[2], y.shape[3]
+        for oy in range(oh):
+            for ox in range(ow):
+                y[b, oc, oy, ox] = 0
+            for i in range(kh):
+                iy = oy * sh - pt + i * dh
+                if iy < 0 or iy >= h:
+                    continue
+                for j in range(kw):
+                    wv = w[oc, 0, i, j]
+                    off = j * dw - pl
+                    lo, hi = _span(ow, sw, off, wd)
+                    if sw == 1:
+                        for ox in range(lo, hi):
+                            y[b, oc, oy, ox] += wv * x[b, ic, iy, ox + off]
+                    else:
+                        for ox in range(lo, hi):
+                            y[b, oc, oy, ox] += wv * x[b, ic, iy, ox * sw + off]
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
+        n, m = x.shape[0], w.shape[0]
+        for nm in prange(n * m):
+            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
+
+    @njit(nogil=True, cache=True)
+    def _depthwise_serial(x, w, y, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
+        m = w.shape[0]
+        for nm in range(start, stop):
+            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
+
+
+#: below this many output elements times kernel taps a compiled kernel runs
+#: on the calling thread alone; above, its planes are split into chunks run by
+#: :func:`._parallel.run_chunks` (the serial driver over plane ranges: no
+#: spinning OpenMP pool, which on a busy 2-core machine made every launch wait
+#: for a descheduled worker)
+PARALLEL_MIN_WORK = 1 << 20
+#: run the numba ``parallel=True`` drivers (the OpenMP/TBB pool) instead
+USE_NUMBA_POOL = False
+
+
+def parallel_for(work: int) -> bool:
+    """Whether a compiled kernel of ``work`` element-taps should be split
+    across the session's intra-op threads (several threads and enough work)."""
+    if work < PARALLEL_MIN_WORK:
+        return False
+    from ._threads import current
+    return current() > 1
+
+
+def run_planes(serial, parallel, args: tuple, planes: int, work: int) -> None:
+    """Run a kernel over ``planes`` planes: ``serial(*args, start, stop)`` on
+    the calling thread, split into plane ranges across the intra-op threads
+    when :func:`parallel_for` says so (or ``parallel(*args)`` on numba's pool
+    with :data:`USE_NUMBA_POOL`, when the kernel has one: ``parallel`` not None)."""
+    if not parallel_for(work):
+        serial(*args, 0, planes)
+        return
+    if USE_NUMBA_POOL and parallel is not None:
+        with _LAUNCH:
+            parallel(*args)
+        return
+    from . import _parallel
+    from ._threads import current
+    threads = current()
+    per = max(1, -(-planes // (_parallel.CHUNKS_PER_THREAD * threads)))
+    _parallel.run_chunks(lambda t: serial(*args, t * per, min(planes, (t + 1) * per)),
+                         -(-planes // per), threads)
 
 
 def num_threads() -> int:
@@ -121,9 +188,9 @@ def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
         cols = np.empty(shape, x.dtype)
     else:
         cols = cols.reshape(shape)
-    with _LAUNCH:
-        _im2col(np.ascontiguousarray(x), cols, strides[0], strides[1], dilations[0], dilations[1],
-                pads_begin[0], pads_begin[1])
+    run_planes(_im2col_serial, _im2col, (np.ascontiguousarray(x), cols, strides[0], strides[1],
+                                         dilations[0], dilations[1], pads_begin[0], pads_begin[1]),
+               n * c, cols.size)
     return cols
 
 
@@ -132,7 +199,8 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     ``M`` a multiple of ``C`` (one input channel per group)."""
     n = x.shape[0]
     y = np.empty((n, w.shape[0], out_shape[0], out_shape[1]), x.dtype)
-    with _LAUNCH:
-        _depthwise(np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
-                   strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    run_planes(_depthwise_serial, _depthwise,
+               (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
+                strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1]),
+               n * w.shape[0], y.size * w.shape[2] * w.shape[3])
     return y

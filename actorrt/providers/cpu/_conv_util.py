@@ -220,7 +220,8 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             return y, path
     if path == "1x1":
         xs = x[(Ellipsis, *(slice(0, (o - 1) * s + 1, s) for o, s in zip(out_shape, strides)))]
-        y = np.matmul(wpack, xs.reshape(n, g, cg, P))
+        y = np.empty((n, g, mg, P), dtype=x.dtype)
+        conv_gemm(wpack, xs.reshape(n, g, cg, P), y)
         return y.reshape(n, g * mg, *out_shape), path
     ws = list(workspace) if path == "im2col" else []
     padded = any(pb) or any(pe)
@@ -253,16 +254,70 @@ def conv_core(x: np.ndarray, wpack: np.ndarray, group: int, kernel, strides, dil
             cols = cols.reshape(k, g, cg * K, P)
         else:
             cols = view[n0:n0 + k].reshape(-1, g, cg * K, P)
-        np.matmul(wpack, cols, out=y[n0:n0 + k])
+        conv_gemm(wpack, cols, y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape), path
 
 
 #: use the compiled (numba) 2-D im2col / depthwise paths when numba is there
 COMPILED = True
+#: a convolution's GEMMs below this many flops (all images and groups
+#: together) run on the calling thread alone; larger ones are split into
+#: column blocks run by :func:`._parallel.run_chunks` on the session's
+#: intra-op threads. Either way each BLAS call runs on one BLAS thread
+#: (:class:`._threads.serial_blas`): OpenBLAS's own threaded calls, each a
+#: wake-up and a barrier with spinning workers, made resnetish at 2 threads
+#: take 55 ms a run vs 5.5 ms at 1 on this 2-core machine
+GEMM_PARALLEL_MIN_FLOPS = 1 << 22
+#: column-block width of the parallel GEMM (a multiple of the BLAS tile width)
+GEMM_BLOCK_MIN = 128
 #: the compiled patch building only pays when it runs on several threads: at
-#: one thread it measured 10-15% slower than numpy's strided copy here (resnet50,
-#: resnetish), so below this many numba threads im2col stays numpy
-IM2COL_MIN_THREADS = 2
+#: one thread it measured 2-3x slower than numpy's strided copy here (numba
+#: 0.61, round 3), and split over 2 threads still slower than numpy on one, so
+#: by default im2col stays numpy (the tests set this to 1 to check the kernel)
+IM2COL_MIN_THREADS = 1 << 30
+#: ... and only for patch matrices of at least this many elements (smaller
+#: ones would build serially, where numpy's copy is faster)
+IM2COL_MIN_WORK = 1 << 18
+
+
+def conv_gemm(wpack: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
+    """``out[i, j] = wpack[j] @ cols[i, j]`` for a convolution.
+
+    Args:
+        wpack: ``(G, Mg, Ck)``; cols: ``(k, G, Ck, P)``; out: ``(k, G, Mg, P)``,
+            all one float dtype, ``out`` with unit inner stride.
+    """
+    from . import _parallel, _threads
+    k, g, ck, P = cols.shape
+    mg = wpack.shape[1]
+    threads = _threads.current()
+    flops = 2 * k * g * mg * ck * P
+    with _threads.serial_blas():
+        if threads <= 1 or flops < GEMM_PARALLEL_MIN_FLOPS:
+            np.matmul(wpack, cols, out=out)
+            return
+        want = _parallel.CHUNKS_PER_THREAD * threads
+        per_product = max(1, -(-want // (k * g)))
+        bw = max(GEMM_BLOCK_MIN, -(-P // per_product))
+        bw = -(-bw // 16) * 16
+        nb = -(-P // bw)
+        total = k * g * nb
+
+        def chunk(t: int) -> None:
+            i, rest = divmod(t, g * nb)
+            j, b = divmod(rest, nb)
+            p0 = b * bw
+            np.matmul(wpack[j], cols[i, j, :, p0:p0 + bw], out=out[i, j, :, p0:p0 + bw])
+
+        if total > 8 * want:  # many small products (grouped convs): runs of them per chunk
+            per = -(-total // want)
+
+            def chunk_run(t: int, _one=chunk) -> None:
+                for u in range(t * per, min(total, (t + 1) * per)):
+                    _one(u)
+            _parallel.run_chunks(chunk_run, -(-total // per), threads)
+        else:
+            _parallel.run_chunks(chunk, total, threads)
 
 
 def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, path, workspace):
@@ -274,8 +329,9 @@ def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, pat
         return None
     n, c = x.shape[:2]
     g, mg, ck = wpack.shape
-    if path == "im2col" and cn.num_threads() < IM2COL_MIN_THREADS:
-        return None
+    if path == "im2col" and (cn.num_threads() < IM2COL_MIN_THREADS or
+                             n * c * math.prod(kernel) * math.prod(out_shape) < IM2COL_MIN_WORK):
+        return None  # numpy's strided copy is the faster serial patch building
     if path == "depthwise":
         w = wpack.reshape(g * mg, 1, *kernel)
         return cn.depthwise2d(x, w, strides, dilations, pb, out_shape)
@@ -289,7 +345,7 @@ def _compiled_2d(x, wpack, group, kernel, strides, dilations, pb, out_shape, pat
         k = min(step, n - n0)
         cols = cn.im2col2d(x[n0:n0 + k], kernel, strides, dilations, pb, out_shape,
                            colbuf[:k * c * K * P])
-        np.matmul(wpack, cols.reshape(k, g, (c // g) * K, P), out=y[n0:n0 + k])
+        conv_gemm(wpack, cols.reshape(k, g, (c // g) * K, P), y[n0:n0 + k])
     return y.reshape(n, g * mg, *out_shape)
 
 

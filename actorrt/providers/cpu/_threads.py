@@ -9,10 +9,11 @@ run, and sessions with different counts switch the pools as they alternate.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
-__all__ = ["apply", "blas_threads"]
+__all__ = ["apply", "blas_threads", "current", "serial_blas"]
 
 _lock = threading.Lock()
 _blas: int | None = None  # BLAS threads last set through here
@@ -41,7 +42,79 @@ def apply(n: int | None) -> None:
                 threadpoolctl.threadpool_limits(limits=n, user_api="blas")
                 _blas = n
     numba = sys.modules.get("numba")
-    if numba is not None:  # only once something compiled loaded it
+    # only once something compiled loaded it, and only once that import has
+    # finished: another segment's thread may be importing numba right now (a
+    # partially initialised module has no ``config`` yet)
+    if numba is not None and hasattr(numba, "config") and hasattr(numba, "set_num_threads"):
         want = min(n, numba.config.NUMBA_NUM_THREADS)
         if numba.get_num_threads() != want:
             numba.set_num_threads(want)
+
+
+_serial_lock = threading.Lock()
+_serial_depth = 0
+_serial_prev: list = []
+_blas_libs: list | None = None
+
+
+def _blas_controllers() -> list:
+    global _blas_libs
+    if _blas_libs is None:
+        import threadpoolctl
+        _blas_libs = [lc for lc in threadpoolctl.ThreadpoolController().lib_controllers
+                      if lc.user_api == "blas"]
+    return _blas_libs
+
+
+_default: int | None = None
+
+
+def current() -> int:
+    """Threads the CPU kernels may use now: the count :func:`apply` last set,
+    else (``intra_op_num_threads`` unset: every core) the BLAS pool's own size
+    when first asked."""
+    global _default
+    if _blas is not None:
+        return _blas
+    if _default is None:
+        counts = [lc.get_num_threads() for lc in _blas_controllers()]
+        _default = max([c for c in counts if c] or [os.cpu_count() or 1])
+    return _default
+
+
+class serial_blas:
+    """Context manager: BLAS calls made inside run on one thread.
+
+    For GEMMs too small to pay a thread pool's wake-up and barrier (the many
+    small products of a CNN's convolutions: at 2 threads on a busy 2-core
+    machine each threaded call waited milliseconds for a descheduled worker).
+    A no-op when :func:`current` is one thread. The
+    pools are process-wide: while any thread is inside, other threads' BLAS
+    calls also run on one thread (slower, never wrong); the count in effect
+    before the first entrant is restored when the last one leaves.
+    """
+
+    __slots__ = ("_on",)
+
+    def __enter__(self):
+        global _serial_depth
+        self._on = current() > 1
+        if self._on:
+            with _serial_lock:
+                if _serial_depth == 0:
+                    libs = _blas_controllers()
+                    _serial_prev[:] = [lc.get_num_threads() for lc in libs]
+                    for lc in libs:
+                        lc.set_num_threads(1)
+                _serial_depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _serial_depth
+        if self._on:
+            with _serial_lock:
+                _serial_depth -= 1
+                if _serial_depth == 0:
+                    for lc, n in zip(_blas_controllers(), _serial_prev):
+                        lc.set_num_threads(n)
+        return False

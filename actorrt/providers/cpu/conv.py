@@ -66,6 +66,31 @@ def _finish(y: np.ndarray, b, out_dtype) -> np.ndarray:
     return y.astype(out_dtype, copy=False)
 
 
+#: apply Conv / FusedConv bias, Z and Relu / LeakyRelu / Clip in one compiled
+#: pass (:mod:`._epilogue_numba`) when numba is there
+COMPILED_EPILOGUE = True
+
+
+def _compiled_epilogue(y: np.ndarray, b, z, act: str, params=()) -> bool:
+    """Apply bias ``b``, residual ``z`` and ``act`` to the fresh float32/64
+    ``y`` in one compiled pass; False (nothing done) where that path does not
+    apply (numba missing, another activation, dtype, shapes)."""
+    if not COMPILED_EPILOGUE or y.dtype not in (np.float32, np.float64) or not y.flags.c_contiguous:
+        return False
+    if b is None and z is None and not act:
+        return True  # nothing to apply
+    from . import _epilogue_numba as en
+    if not en.HAVE_NUMBA or act not in en.CODES:
+        return False
+    if b is not None and np.size(b) != y.shape[1]:
+        return False
+    if z is not None and z.shape != y.shape:
+        return False
+    en.bias_add_act(y, b, z, act, params)
+    tracing.kernel_variant("epilogue", "compiled", "activation=%r", act)
+    return True
+
+
 class _PackedWeightConv(Kernel):
     """Conv-like kernels whose constant weight ``(M, C/g, *k)`` is packed once into
     the GEMM layout, shared by every instance of the node."""
@@ -127,7 +152,8 @@ class Conv(_PackedWeightConv):
         return [WorkspaceRequest(n, 64, "step", role) for n, role in
                 zip(sizes, ("pad", "im2col") if len(sizes) == 2 else ("im2col",))]
 
-    def run(self, x, w, b=None, *, workspace=()):
+    def _conv(self, x, w, workspace):
+        """The convolution in the compute dtype, before bias (a fresh C-contiguous array)."""
         group = int(self.node.attr("group", 1))
         cd = compute_dtype(x.dtype)
         if x.shape[1] != w.shape[1] * group:
@@ -139,6 +165,12 @@ class Conv(_PackedWeightConv):
         y, path = conv_core(x.astype(cd, copy=False), wpack, group, kernel, strides, dil,
                             pb, pe, out, workspace=workspace)
         tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
+        return y
+
+    def run(self, x, w, b=None, *, workspace=()):
+        y = self._conv(x, w, workspace)
+        if _compiled_epilogue(y, b, None, ""):
+            return y.astype(x.dtype, copy=False)
         return _finish(y, b, x.dtype)
 
 
@@ -160,11 +192,15 @@ class FusedConv(Conv):
 
     def __init__(self, node):
         super().__init__(node)
-        self._act = _epilogue.activation(decode_str(node.attr("activation"), ""),
-                                         node.attr("activation_params") or ())
+        self._act_name = decode_str(node.attr("activation"), "")
+        self._act_params = tuple(node.attr("activation_params") or ())
+        self._act = _epilogue.activation(self._act_name, self._act_params)
 
     def run(self, x, w, b=None, z=None, *, workspace=()):
-        y = super().run(x, w, b, workspace=workspace)
+        y = self._conv(x, w, workspace)
+        if _compiled_epilogue(y, b, z, self._act_name, self._act_params):
+            return y.astype(x.dtype, copy=False)
+        y = _finish(y, b, x.dtype)
         if y.dtype.kind != "f" or not y.flags.writeable:
             y = np.array(y, dtype=np.result_type(y.dtype, np.float32))
         if z is not None:

@@ -122,6 +122,10 @@ def _standardize(xa: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarra
     return d
 
 
+#: ChannelAffine in one compiled pass (:mod:`._epilogue_numba`) when numba is there
+COMPILED_AFFINE = True
+
+
 @cpu_kernel("ChannelAffine", domain="ai.actorrt")
 class ChannelAffine(Kernel):
     """``act(x * a[c] + t[c])`` over axis 1 of ``x (N, C, ...)`` (engine op from
@@ -133,12 +137,17 @@ class ChannelAffine(Kernel):
         super().__init__(node)
         from ._conv_util import decode_str
         from ._epilogue import activation
-        self._act = activation(decode_str(node.attr("activation"), ""),
-                               node.attr("activation_params") or ())
+        self._act_name = decode_str(node.attr("activation"), "")
+        self._act_params = tuple(node.attr("activation_params") or ())
+        self._act = activation(self._act_name, self._act_params)
 
     def run(self, x, a, t):
         if x.ndim < 2 or x.shape[1] != a.shape[0]:
             raise ValueError(f"ChannelAffine: input {x.shape} has no channel axis of {a.shape[0]}")
+        if COMPILED_AFFINE and x.dtype in (np.float32, np.float64) and x.size:
+            from . import _epilogue_numba as en  # one compiled pass (Relu / LeakyRelu / Clip / none)
+            if en.HAVE_NUMBA and self._act_name in en.CODES:
+                return en.affine_act(x, a, t, self._act_name, self._act_params)
         dt = acc_dtype(x.dtype)
         y = x.astype(dt, copy=False) * _channel_shape(a.astype(dt, copy=False), x.ndim)
         y += _channel_shape(t.astype(dt, copy=False), x.ndim)

@@ -2,7 +2,10 @@
 and RoiAlign (ONNX spec, every since-version up to opset 28).
 
 Layout ``(N, C, D1, ..., Dn)``. Windows are reduced with one vectorised
-operation per kernel tap; float16/bfloat16 sums accumulate in float32.
+operation per kernel tap; float16/bfloat16 sums accumulate in float32. 2-D
+float32/float64 MaxPool (without Indices), AveragePool and GlobalAveragePool
+run compiled and parallel over the planes (:mod:`._pool_numba`) when numba is
+installed and :data:`COMPILED` is set; the numpy paths stay the fallback.
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ from .._contract import Kernel, require
 from ._conv_util import compute_dtype, conv_geometry, decode_str, pad_spatial, spatial_params, \
     tap_slices
 from .registry import cpu_kernel
+
+#: use the compiled 2-D pooling (:mod:`._pool_numba`) when numba is there
+COMPILED = True
+
+
+def _compiled(x) -> object | None:
+    """The compiled pooling module when it applies to ``x`` (4-D float32 /
+    float64 with numba installed), else ``None``."""
+    if not COMPILED or x.dtype not in (np.float32, np.float64):
+        return None
+    from . import _pool_numba
+    return _pool_numba if _pool_numba.HAVE_NUMBA else None
 
 
 def _window_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
@@ -64,13 +79,17 @@ def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilat
     kernel, strides, dil, out, pb, pe, pe_decl = _window_setup(
         x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     cd = compute_dtype(x.dtype)
-    xp = pad_spatial(x.astype(cd, copy=False), pb, pe, 0)
-    acc = _sum_taps(xp, kernel, out, strides, dil)
     counts = []
     for i, n in enumerate(x.shape[2:]):
         pos = _tap_positions(out[i], strides[i], pb[i], kernel[i], dil[i])
         lo, hi = (-pb[i], n + pe_decl[i]) if count_include_pad else (0, n)
         counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+    pn = _compiled(x) if x.ndim == 4 else None
+    if pn is not None:
+        tracing.kernel_variant("pool", "compiled", "kernel=%s", kernel)
+        return pn.avgpool2d(x, kernel, strides, dil, pb, out, counts[0], counts[1])
+    xp = pad_spatial(x.astype(cd, copy=False), pb, pe, 0)
+    acc = _sum_taps(xp, kernel, out, strides, dil)
     acc /= _outer(counts).astype(cd)
     return acc.astype(x.dtype, copy=False)
 
@@ -115,6 +134,10 @@ class MaxPool(Kernel):
             x, a("kernel_shape"), a("strides"), a("dilations"), a("pads"),
             a("auto_pad", "NOTSET"), a("ceil_mode", 0))
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
+        pn = _compiled(x) if x.ndim == 4 and not want_idx else None
+        if pn is not None:
+            tracing.kernel_variant("pool", "compiled", "kernel=%s", kernel)
+            return (pn.maxpool2d(x, kernel, strides, dil, pb, out),)
         xp = pad_spatial(x, pb, pe, _lowest(x.dtype))
         sp = x.shape[2:]
         padded = any(pb) or any(pe)
@@ -128,7 +151,7 @@ class MaxPool(Kernel):
                     have = self._valid(kk, out, strides, pb, dil, sp) if padded else None
                 continue
             if not want_idx:
-                np.maximum(y, v, out=y)
+                np.fmax(y, v, out=y)  # NaN skipped where a number is, as onnxruntime
                 continue
             better = v > y
             if padded:
@@ -176,6 +199,10 @@ class MaxPool(Kernel):
 def GlobalAveragePool(x):
     """ONNX GlobalAveragePool (opsets 1, 22): (N, C, *D) -> (N, C, 1, ..., 1)."""
     axes = tuple(range(2, x.ndim))
+    pn = _compiled(x) if x.ndim >= 3 and x.size else None
+    if pn is not None:
+        y = pn.global_avgpool(x.reshape(x.shape[0], x.shape[1], -1))
+        return y.reshape(x.shape[:2] + (1,) * (x.ndim - 2))
     return x.mean(axis=axes, keepdims=True, dtype=compute_dtype(x.dtype)).astype(x.dtype)
 
 

@@ -43,13 +43,26 @@ def _model(case):
         RNG.standard_normal((n, c, h, w)).astype(np.float32)
 
 
+@pytest.mark.parametrize("drivers", ["chunks", "numba-pool", "serial"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_conv_paths_match_onnxruntime(case, compiled, monkeypatch):
+def test_conv_paths_match_onnxruntime(case, compiled, drivers, monkeypatch):
+    """Each path with its work split in plane ranges / column blocks across
+    the intra-op threads (``chunks``), on numba's own pool, or serial."""
     if compiled and not _conv_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
+    if not compiled and drivers == "numba-pool":
+        pytest.skip("the numpy path has no numba drivers")
+    parallel = drivers != "serial"
+    monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", drivers == "numba-pool")
     monkeypatch.setattr(_conv_util, "COMPILED", compiled)
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 1)  # the compiled im2col at any count
+    monkeypatch.setattr(_conv_util, "IM2COL_MIN_WORK", 0)  # ... and any size
+    # the parallel drivers (from any size) or the serial ones (always)
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0 if parallel else 1 << 62)
+    # the GEMMs threaded or on one BLAS thread
+    monkeypatch.setattr(_conv_util, "GEMM_PARALLEL_MIN_FLOPS", 0 if parallel else 1 << 62)
+    monkeypatch.setattr(_conv_util, "GEMM_BLOCK_MIN", 16)  # several column blocks per product
     model, x = _model(case)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
@@ -90,3 +103,99 @@ def test_intra_op_num_threads():
     for bad in (-1, 1.5, "2"):
         with pytest.raises(actorrt.InvalidArgumentError):
             actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=bad))
+
+
+def test_serial_blas_nests_and_restores_the_pool():
+    """Small convolution GEMMs run inside ``serial_blas``: one BLAS thread
+    there (nested and from several Python threads), the count as set outside."""
+    import threading
+
+    import threadpoolctl
+    from actorrt.providers.cpu import _threads
+
+    def blas_counts():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+
+    before = threadpoolctl.threadpool_info()
+    try:
+        _threads.apply(2)
+        outside = blas_counts()
+        assert outside and all(n == 2 for n in outside)
+        seen = []
+
+        def worker():
+            with _threads.serial_blas():
+                seen.append(blas_counts())
+
+        with _threads.serial_blas():
+            with _threads.serial_blas():
+                assert all(n == 1 for n in blas_counts())
+            assert all(n == 1 for n in blas_counts())
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+        assert seen and all(n == 1 for n in seen[0])
+        assert blas_counts() == outside
+        _threads.apply(1)
+        with _threads.serial_blas():  # one thread already: nothing to switch
+            assert all(n == 1 for n in blas_counts())
+    finally:
+        for info in before:
+            if info["user_api"] == "blas":
+                threadpoolctl.threadpool_limits(limits=info["num_threads"], user_api="blas")
+                _threads.apply(info["num_threads"])
+
+
+@pytest.mark.parametrize("epilogue", ["compiled", "numpy"])
+@pytest.mark.parametrize("act,params", [("", []), ("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
+                                        ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4])])
+@pytest.mark.parametrize("with_z", [False, True])
+@pytest.mark.parametrize("with_b", [False, True])
+def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, monkeypatch):
+    """com.microsoft FusedConv: bias, residual Z and the activation in one
+    compiled pass (Relu / LeakyRelu / Clip / none) or the numpy epilogue."""
+    from actorrt.providers.cpu import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
+    n, c, h, w, m = 2, 3, 9, 11, 5
+    ins = ["x", "W", "B" if with_b else ""]
+    if with_z:
+        ins.append("Z")
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    if act:
+        attrs["activation"] = act
+    if params:
+        attrs["activation_params"] = params
+    node = helper.make_node("FusedConv", ins, ["y"], domain="com.microsoft", **attrs)
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c, 3, 3)).astype(np.float32), "W")]
+    if with_b:
+        inits.append(numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B"))
+    vis = [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])]
+    feeds = {"x": RNG.standard_normal((n, c, h, w)).astype(np.float32)}
+    if with_z:
+        vis.append(helper.make_tensor_value_info("Z", TP.FLOAT, [n, m, h, w]))
+        feeds["Z"] = RNG.standard_normal((n, m, h, w)).astype(np.float32)
+    g = helper.make_graph([node], "fc", vis, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, feeds)[0]
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    compiled = epilogue == "compiled" and act in ("", "Relu", "LeakyRelu", "Clip") and (with_b or with_z or act)
+    assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)
+
+
+def test_apply_skips_a_numba_still_being_imported(monkeypatch):
+    """Another segment's thread may be importing numba while a segment starts:
+    the half-made module in sys.modules has no ``config`` yet (this failed the
+    benchmark's shufflenet / squeezenet runs at random with AttributeError)."""
+    import sys
+    import types
+
+    from actorrt.providers.cpu import _threads
+    half = types.ModuleType("numba")  # what sys.modules holds mid-import
+    monkeypatch.setitem(sys.modules, "numba", half)
+    _threads.apply(1)  # no AttributeError

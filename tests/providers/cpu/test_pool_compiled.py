@@ -1,0 +1,95 @@
+"""The compiled (numba) 2-D MaxPool / AveragePool / GlobalAveragePool and the
+numpy paths they replace, both against onnxruntime: odd sizes, strides, pads
+(asymmetric, SAME_UPPER / SAME_LOWER, VALID), dilations, ceil mode,
+count_include_pad, float32 / float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP, helper
+
+import actorrt
+from actorrt.providers.cpu import _pool_numba, pool
+
+RNG = np.random.default_rng(5)
+
+CASES = [  # (shape, attrs)
+    ((1, 3, 17, 13), {"kernel_shape": [3, 3]}),
+    ((2, 5, 32, 32), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 2, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ((1, 3, 13, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 1, 8, 9), {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 2, 7, 8), {"kernel_shape": [2, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 2, 7, 8), {"kernel_shape": [3, 2], "auto_pad": "SAME_LOWER", "strides": [2, 1]}),
+    ((1, 2, 9, 8), {"kernel_shape": [3, 3], "auto_pad": "VALID", "strides": [2, 3]}),
+    ((1, 2, 11, 10), {"kernel_shape": [2, 3], "dilations": [2, 3], "pads": [1, 2, 0, 1]}),
+    ((3, 4, 14, 14), {"kernel_shape": [7, 7], "strides": [1, 1]}),  # global-like window
+]
+
+
+def _run(op, x, attrs, compiled, monkeypatch, opset=19, **extra):
+    monkeypatch.setattr(pool, "COMPILED", compiled)
+    node = helper.make_node(op, ["x"], ["y"], **attrs, **extra)
+    dt = TP.FLOAT if x.dtype == np.float32 else TP.DOUBLE
+    g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", dt, x.shape)],
+                          [helper.make_tensor_value_info("y", dt, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})[0]
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    used = any((a.get("kernel_variant.pool") or {}).get("variant") == "compiled" for a in spans)
+    return got, want, used
+
+
+@pytest.fixture(params=["chunks", "numba-pool", "serial", "numpy"])
+def compiled(request, monkeypatch):
+    """The compiled kernels split in plane ranges across the intra-op threads,
+    on numba's pool, serial; and the numpy path."""
+    if request.param != "numpy" and not _pool_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    from actorrt.providers.cpu import _conv_numba
+    monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 1 << 62 if request.param == "serial" else 0)
+    monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", request.param == "numba-pool")
+    return request.param != "numpy"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,attrs", CASES)
+def test_maxpool(shape, attrs, dtype, compiled, monkeypatch):
+    x = RNG.standard_normal(shape).astype(dtype)
+    got, want, used = _run("MaxPool", x, attrs, compiled, monkeypatch, opset=12)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    assert used == compiled
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("shape,attrs", CASES)
+def test_averagepool(shape, attrs, count_include_pad, compiled, monkeypatch):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, used = _run("AveragePool", x, attrs, compiled, monkeypatch,
+                           count_include_pad=count_include_pad)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert used == compiled
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7, 13, 13), (2, 2, 3, 2, 4), (1, 1000, 1, 1)])
+def test_global_average_pool(shape, compiled, monkeypatch):
+    x = (RNG.standard_normal(shape) * 100 + 50).astype(np.float32)
+    got, want, _ = _run("GlobalAveragePool", x, {}, compiled, monkeypatch, opset=21)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_global_average_pool_float64(compiled, monkeypatch):
+    """onnxruntime has no float64 GlobalAveragePool: numpy's mean is the peer."""
+    monkeypatch.setattr(pool, "COMPILED", compiled)
+    x = RNG.standard_normal((2, 5, 9, 7)) * 100 + 50
+    from tests.oracle import make_node_model
+    with actorrt.InferenceSession(make_node_model("GlobalAveragePool", {"x": x}, ["y"], opset=21)) as s:
+        (got,) = s.run(None, {"x": x})
+    np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-13)

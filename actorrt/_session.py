@@ -357,7 +357,7 @@ class Session:
             plan = await trio.to_thread.run_sync(plan.generic_plan)
             env = plan.new_env()
         plan.bind_feeds(feeds, env, donated)
-        seg = self._direct
+        seg = self._direct if plan is self._plan else None  # not the generic plan's
         if seg is not None and seg.provider.runs_inline(seg, env):
             # a cheap segment a worker would run on its trio task anyway: run
             # it on this task (no mailbox round trip)
@@ -401,6 +401,12 @@ class Session:
         memory accounting or tracing, and no device binding is set."""
         return self._direct is not None and not self._bindings
 
+    def runs_blocking_with(self, feeds: dict[str, Any]) -> bool:
+        """:attr:`runs_blocking`, for a run fed ``feeds``: false as well when
+        ``feeds`` overrides an initializer the plan compiled in (that run
+        takes the generic plan, through :meth:`run`)."""
+        return self.runs_blocking and not self._plan.overrides_default(feeds)
+
     def run_blocking(self, output_names: Sequence[str] | None, feeds: dict[str, Any]) -> list:
         """Run the model in the calling thread, without the event loop and
         the worker actors: what :meth:`run` does, for a plan where
@@ -422,11 +428,13 @@ class Session:
                 SessionForkedError: as :meth:`run`.
         """
         seg = self._direct
-        if seg is None or self._bindings:
+        if seg is None or self._bindings or self._plan.overrides_default(feeds):
             raise InvalidArgumentError(
                 "run_blocking needs a plan of one host segment without control flow, "
-                "memory accounting, tracing or device bindings; use run()",
-                expected="Session.runs_blocking true", got="false", model=self.model_name)
+                "memory accounting, tracing or device bindings, and feeds that override "
+                "no compiled-in initializer; use run()",
+                expected="Session.runs_blocking_with(feeds) true", got="false",
+                model=self.model_name)
         plan = self._plan
         indices = self._output_indices(output_names)
         env = plan.new_env()

@@ -266,7 +266,7 @@ class InferenceSession:
         """
         host = self._host
         session = host.live_session()
-        if run_options is None and session.runs_blocking:
+        if run_options is None and session.runs_blocking_with(input_feed):
             # one host segment: run it right here, no hop to the loop's thread
             _refuse_in_trio("InferenceSession.run")
             return session.run_blocking(output_names, input_feed)

@@ -127,6 +127,10 @@ async def test_override_in_run_many_and_with_specialisation_off():
         assert len(got) == 3
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        # run(): a small one-segment plan runs on the calling task; an override
+        # takes the generic plan instead (never the specialised segment)
+        for f, w in zip(feeds, want):
+            np.testing.assert_allclose((await s.run(None, f))[0], w, rtol=1e-5, atol=1e-5)
     async with actorrt.open_session(m, options=actorrt.SessionOptions(
             graph_optimization_level=0, fold_constants=False)) as s:
         for f, w in zip(feeds, want):

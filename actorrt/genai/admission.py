@@ -21,7 +21,7 @@ import numpy as np
 
 from .._errors import InvalidArgumentError, OutOfMemoryError
 
-__all__ = ["encode_prompt", "kv_need", "kv_room", "kv_room_alone", "kv_error"]
+__all__ = ["encode_prompt", "kv_need", "kv_need_paged", "kv_room", "kv_room_alone", "kv_error"]
 
 
 def encode_prompt(tokenizer: Any, prompt: Any, *, vocab_size: int,
@@ -131,3 +131,10 @@ def kv_error(prompt_tokens: int, new_tokens: int, need: int, bytes_per_token: in
         f"shorten the prompt or raise memory_limit",
         requested=need, in_use=memory.statistics().live_bytes, limit=memory.limit,
         role="kv-cache", provider=memory.provider, model=model)
+
+
+def kv_need_paged(capacities: Sequence[int], block_size: int, block_bytes: int) -> int:
+    """Most KV-cache bytes a block-paged cache (:mod:`actorrt.genai.kv_cache`)
+    holds serving requests of these capacities (tokens) together: each its
+    own blocks, nothing copied when the batch changes."""
+    return sum(-(-int(c) // block_size) for c in capacities) * block_bytes

@@ -51,7 +51,8 @@ from .._errors import (ActorRTError, GenerationError, InvalidArgumentError, OutO
                        SessionClosedError, UnwrapGroups)
 from .._session import Session, SessionOptions, open_session
 from ..providers._memory import huge_page_arrays
-from .admission import encode_prompt, kv_error, kv_need, kv_room, kv_room_alone
+from .admission import encode_prompt, kv_error, kv_need, kv_need_paged, kv_room, kv_room_alone
+from .kv_cache import BLOCK_SIZE, KVCache
 from .models import LOGITS_POSITIONS
 from .sampling import Sampler, SamplingParams, TokenLogprob
 
@@ -180,6 +181,8 @@ class EngineStatistics:
             decode steps (batched model run + sampling, prefill excluded).
         prefill_runs: model runs spent on prompts (several short prompts that
             arrive together share one run).
+        kv_blocks_used, kv_blocks_total: blocks of the paged KV cache held
+            now and in its pool (0 with ``kv_layout="contiguous"``).
     """
 
     active: int
@@ -193,6 +196,8 @@ class EngineStatistics:
     decode_tokens: int = 0
     decode_time_s: float = 0.0
     prefill_runs: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -212,6 +217,7 @@ class _Request:
         self.send = send
         self.tok = tokenizer
         self.kv: list[np.ndarray] | None = None  # own cache while prefilling
+        self.blocks: list[int] = []  # its blocks of a paged cache, in position order
         self.length = 0  # tokens in the KV cache
         self.prefilled = 0
         self.generated: list[int] = []
@@ -265,7 +271,7 @@ class Engine:
     """Serves generation requests; obtain one from :func:`open_engine`."""
 
     def __init__(self, session: Session, tokenizer: Any, config: dict, *, max_batch: int,
-                 kv_budget_bytes: int | None, prefill_chunk: int):
+                 kv_budget_bytes: int | None, prefill_chunk: int, kv_layout: str = "paged"):
         self.session = session
         self.tokenizer = tokenizer
         self.config = config
@@ -324,6 +330,15 @@ class Engine:
         #: set from the event loop to end a decode run (:meth:`_decode_run`)
         self._interrupt = False
         self._decode_mark = 0.0  # decode time is counted up to here
+        #: the block-paged KV cache (kv_layout "paged"), or None: each request
+        #: its own prefill buffer, then one right-padded batch buffer
+        self._cache: KVCache | None = None
+        #: a model run is under way: blocks of requests that leave meanwhile
+        #: are returned after it (the run may still write them)
+        self._in_run = False
+        self._deferred: list[list[int]] = []
+        if kv_layout == "paged":
+            self._cache = self._new_cache()
 
     # ----------------------------------------------------------------- API
     def encode_prompt(self, prompt: Prompt, *, special_in_content: bool = False) -> list[int]:
@@ -419,7 +434,9 @@ class Engine:
                                 self._completed, self._tokens,
                                 self._tokens / el if el > 0 else 0.0, self._kv_bytes, self._steps,
                                 dict(self._hist), self._decode_tokens, self._decode_time,
-                                self._prefill_runs)
+                                self._prefill_runs,
+                                self._cache.used_blocks if self._cache else 0,
+                                self._cache.num_blocks if self._cache else 0)
 
     # ---------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -503,6 +520,9 @@ class Engine:
     def _kv_need(self, reqs: Sequence[_Request]) -> int:
         """Most KV-cache bytes serving ``reqs`` together holds at once
         (:func:`actorrt.genai.admission.kv_need`)."""
+        if self._cache is not None:
+            return kv_need_paged([self._capacity(r) for r in reqs], self._cache.block_size,
+                                 self._cache.block_bytes)
         return kv_need([(self._capacity(r), len(r.prompt)) for r in reqs],
                        self.bytes_per_token)
 
@@ -545,6 +565,7 @@ class Engine:
                 if r in self._prefilling:
                     self._prefilling.remove(r)
                 r.kv, r.length, r.prefilled, r.t_admit, r.alone = None, 0, 0, 0.0, True
+                self._free_blocks(r)
                 self._waiting.appendleft(r)
             else:
                 self._fail(r, exc)
@@ -564,7 +585,7 @@ class Engine:
         """Drop the rows of requests that left from the batch buffer before
         anything is admitted (their padding is held until then); ``False``
         when that ran out of memory (nothing is admitted this step)."""
-        if not self._batch or not self._decoding:
+        if self._cache is not None or not self._batch or not self._decoding:
             return True
         if [id(r) for r in self._decoding] == [id(r) for r in self._batch]:
             return True
@@ -595,6 +616,9 @@ class Engine:
             OutOfMemoryError: ``extra`` would pass the host provider's memory
                 limit (nothing is accounted then).
         """
+        if self._cache is not None:  # the cache accounts its blocks itself
+            self._kv_bytes = self._cache.used_bytes
+            return
         total = extra + sum(a.nbytes for r in (*self._prefilling, *self._decoding)
                             if r.kv is not None for a in r.kv)
         if self._batch_kv is not None:
@@ -647,21 +671,80 @@ class Engine:
 
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
         # the KV buffers have spare capacity: GroupQueryAttention appends in place
-        outs = await self.session.run(None, feeds, donate=self._kv_names)
+        self._in_run = True
+        try:
+            outs = await self.session.run(None, feeds, donate=self._kv_names)
+        finally:
+            self._run_ended()
         return self._split_outputs(outs)
 
+    # ------------------------------------------------------- paged cache
+    def _new_cache(self) -> KVCache:
+        """The paged cache: a pool with room for what admission allows
+        (``kv_budget_bytes``, else what the memory limit leaves beside the
+        weights, else every row of ``max_batch`` at the context window)."""
+        block_bytes = self.bytes_per_token * BLOCK_SIZE
+        per_row = -(-self.context // BLOCK_SIZE) + 1
+        blocks = self.max_batch * per_row
+        room = self.kv_budget
+        alone = kv_room_alone(self._host.memory)
+        if alone is not None:
+            room = alone if room is None else min(room, alone)
+        if room is not None:
+            blocks = min(blocks, max(1, room // block_bytes))
+        return KVCache(self._kv_names, self.kv_heads, self.head_dim, blocks,
+                       memory=self._host.memory, model=self.session.model_name)
+
+    def _run_ended(self) -> None:
+        self._in_run = False
+        while self._deferred:
+            self._cache.release(self._deferred.pop())
+        self._set_kv_bytes()
+
+    def _free_blocks(self, req: _Request) -> None:
+        """Return ``req``'s blocks (after the run under way, if one is)."""
+        if self._cache is None or not req.blocks:
+            return
+        if self._in_run:
+            self._deferred.append(req.blocks)
+            req.blocks = []
+        else:
+            self._cache.release(req.blocks)
+
+    def _paged_feeds(self, ids: np.ndarray, mask: np.ndarray, reqs: Sequence[_Request],
+                     positions: Sequence[int], last: list[int] | None = None) -> dict:
+        """A run's feeds on the paged cache: each row's blocks grown to hold
+        ``positions[b]`` positions, the block table set, the pools as past.
+
+        Raises:
+            OutOfMemoryError: the pool or the memory limit has no room (blocks
+                taken for earlier rows stay theirs).
+        """
+        cache = self._cache
+        for r, n in zip(reqs, positions):
+            cache.grow(r.blocks, n)
+        self._set_kv_bytes()
+        feeds = self._feeds(ids, mask, [], last)
+        feeds.update(cache.bind([r.blocks for r in reqs], ids.shape[1]))
+        return feeds
+
     async def _prefill_step(self, req: _Request) -> None:
-        if req.kv is None:  # capacity for the whole request: appended in place
-            req.kv = self._empty_kv(1, self._capacity(req))
         start = req.prefilled
         chunk = req.prompt[start:start + self.prefill_chunk]
         ids = np.asarray([chunk], np.int64)
         mask = np.ones((1, req.length + len(chunk)), np.int64)
-        logits, kv = await self._model(self._feeds(ids, mask, req.kv))
+        if self._cache is not None:
+            feeds = self._paged_feeds(ids, mask, [req], [req.length + len(chunk)])
+        else:
+            if req.kv is None:  # capacity for the whole request: appended in place
+                req.kv = self._empty_kv(1, self._capacity(req))
+            feeds = self._feeds(ids, mask, req.kv)
+        logits, kv = await self._model(feeds)
         self._prefill_runs += 1
         if req.cancelled:
             return
-        req.kv = kv
+        if self._cache is None:
+            req.kv = kv
         req.length += len(chunk)
         req.prefilled += len(chunk)
         self._set_kv_bytes()
@@ -697,18 +780,22 @@ class Engine:
         for b, r in enumerate(group):
             ids[b, :len(r.prompt)] = r.prompt
             mask[b, :len(r.prompt)] = 1
-        # no past: each row's present holds its prompt, then padding rows
-        logits, kv = await self._model(self._feeds(ids, mask, self._empty_kv(len(group), 0),
-                                                   [len(r.prompt) - 1 for r in group]))
+        last = [len(r.prompt) - 1 for r in group]
+        if self._cache is not None:  # each row's prompt goes into its own blocks
+            feeds = self._paged_feeds(ids, mask, group, [len(r.prompt) for r in group], last)
+        else:  # no past: each row's present holds its prompt, then padding rows
+            feeds = self._feeds(ids, mask, self._empty_kv(len(group), 0), last)
+        logits, kv = await self._model(feeds)
         self._prefill_runs += 1
         now = time.perf_counter()
         for b, r in enumerate(group):
             if r.cancelled:
                 continue  # reaped at the next step boundary
             n = len(r.prompt)
-            # its own rows (read once by _rebuild_batch): the run's buffers go now
-            self._set_kv_bytes(extra=n * self.bytes_per_token)
-            r.kv = [a[b:b + 1, :, :n].copy() for a in kv]
+            if self._cache is None:
+                # its own rows (read once by _rebuild_batch): the run's buffers go now
+                self._set_kv_bytes(extra=n * self.bytes_per_token)
+                r.kv = [a[b:b + 1, :, :n].copy() for a in kv]
             r.length = r.prefilled = n
             self._prefilling.remove(r)
             r.t_first = now
@@ -746,17 +833,25 @@ class Engine:
 
     async def _decode_step(self) -> None:
         t0 = time.perf_counter()
-        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
-            self._rebuild_batch()
-            self._set_kv_bytes()
-        reqs = self._batch
+        if self._cache is not None:
+            reqs = list(self._decoding)
+        else:
+            if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
+                self._rebuild_batch()
+                self._set_kv_bytes()
+            reqs = self._batch
         length = max(r.length for r in reqs)
         ids = np.asarray([[r.pending] for r in reqs], np.int64)
         mask = np.zeros((len(reqs), length + 1), np.int64)
         for b, r in enumerate(reqs):
             mask[b, :r.length + 1] = 1
-        logits, kv = await self._model(self._feeds(ids, mask, self._batch_kv))
-        self._batch_kv = kv
+        if self._cache is not None:
+            feeds = self._paged_feeds(ids, mask, reqs, [r.length + 1 for r in reqs])
+        else:
+            feeds = self._feeds(ids, mask, self._batch_kv)
+        logits, kv = await self._model(feeds)
+        if self._cache is None:
+            self._batch_kv = kv
         self._steps += 1
         self._hist[len(reqs)] = self._hist.get(len(reqs), 0) + 1
         for b, r in enumerate(reqs):
@@ -779,10 +874,27 @@ class Engine:
         (flags read in the worker thread), so streams see every token as soon
         as it is sampled and a cancel takes effect within a step."""
         t0 = time.perf_counter()
-        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
-            self._rebuild_batch()
+        limit = self.decode_run_steps
+        paged = None
+        if self._cache is not None:
+            reqs = list(self._decoding)
+            # blocks for every step the run can take (it ends once a request
+            # finishes): the block table stays as it is for the whole run
+            limit = min([limit] + [min(r.params.max_new_tokens - len(r.generated),
+                                       self.context - 1 - r.length) for r in reqs])
+            try:
+                for r in reqs:
+                    self._cache.grow(r.blocks, r.length + max(limit, 1))
+            except OutOfMemoryError:
+                limit = 1  # what a single step needs (its failure is the step's)
             self._set_kv_bytes()
-        reqs = self._batch
+            limit = max(limit, 1)
+            paged = self._cache.bind([r.blocks for r in reqs])
+        else:
+            if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
+                self._rebuild_batch()
+                self._set_kv_bytes()
+            reqs = self._batch
         # worker-side state: the event loop owns the requests' own fields
         history = [r.prompt + r.generated for r in reqs]
         lengths = [r.length for r in reqs]
@@ -790,7 +902,6 @@ class Engine:
         pending = [r.pending for r in reqs]
         state = {"kv": self._batch_kv, "steps": 0, "outs": None}
         token = trio.lowlevel.current_trio_token()
-        limit = self.decode_run_steps
         # greedy without a repetition penalty: the sampler's argmax, called directly
         argmax = [r.params.plain_argmax for r in reqs]
         # the attention mask of every step of the run, row b ones up to its
@@ -864,13 +975,25 @@ class Engine:
             mask = masks[:, :max(lengths) + 1]
             if len(reqs) > 1:
                 mask = np.ascontiguousarray(mask)
+            if outs is None and paged is not None:
+                return {**self._feeds(ids, mask, []), **paged}
             if outs is None:
                 return self._feeds(ids, mask, state["kv"])
             # the KV cache: the last step's present outputs (carried)
             return {"input_ids": ids, "attention_mask": mask, **positions}
 
         self._decode_mark = t0
-        await self.session.run_many(next_feeds, donate=self._kv_names, carry=carry)
+        if paged is not None and limit == 1:  # a single step: its blocks are taken per step
+            await self._decode_step()
+            return
+        self._in_run = True
+        try:
+            await self.session.run_many(next_feeds, donate=self._kv_names, carry=carry)
+        finally:
+            self._run_ended()
+        if paged is not None:
+            self._decode_time += time.perf_counter() - self._decode_mark
+            return
         if state["outs"] is not None:
             state["kv"] = self._split_outputs(state["outs"])[1]
         # every step's tokens were handed over (and counted) before this:
@@ -949,6 +1072,7 @@ class Engine:
         req.done = True
         self._completed += 1
         req.kv = None
+        self._free_blocks(req)
         deliver()
         req.send.close()
         if req in self._prefilling:
@@ -1028,7 +1152,8 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 providers: Sequence[Any] | None = None,
                 options: SessionOptions | None = None,
                 home: str | Path | None = None,
-                accuracy_level: int = 4) -> AsyncContextManager[Engine]:
+                accuracy_level: int = 4,
+                kv_layout: str = "paged") -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -1062,6 +1187,13 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             of CPython's LICENSE.txt 5.830 vs 5.811 at level 0, +0.34 %;
             ``benchmarks/perplexity.py``); 0 keeps them float32 (the logits
             match onnxruntime on the same file to 1e-3).
+        kv_layout: ``"paged"`` (the default): one block-paged KV cache
+            (:mod:`actorrt.genai.kv_cache`; a join or leave touches only that
+            request's blocks, memory grows with the tokens held);
+            ``"contiguous"``: each request's own buffer, gathered into one
+            right-padded batch buffer whenever the batch changes (the previous
+            engine, kept for comparison). Sessions on other providers than
+            the CPU use the contiguous layout.
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
@@ -1071,18 +1203,21 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     """
     if options is not None:
         options = SessionOptions.check(options)
+    if kv_layout not in ("paged", "contiguous"):
+        raise InvalidArgumentError("unknown kv_layout", expected='"paged" or "contiguous"',
+                                   got=repr(kv_layout))
     return UnwrapGroups(_open_engine(model, max_batch=max_batch,
                                      kv_budget_bytes=kv_budget_bytes,
                                      prefill_chunk=prefill_chunk, providers=providers,
                                      options=options, home=home,
-                                     accuracy_level=accuracy_level))
+                                     accuracy_level=accuracy_level, kv_layout=kv_layout))
 
 
 @asynccontextmanager
 async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: int | None,
                        prefill_chunk: int, providers: Sequence[Any] | None,
                        options: SessionOptions | None, home: str | Path | None,
-                       accuracy_level: int) -> AsyncIterator[Engine]:
+                       accuracy_level: int, kv_layout: str) -> AsyncIterator[Engine]:
     from .models import model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -1102,8 +1237,11 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
     path = await trio.to_thread.run_sync(
         functools.partial(model_file, folder, accuracy_level, last_logits=True))
     async with open_session(path, providers, options) as session:
+        if any(p.name != "cpu" for p in session._providers):
+            kv_layout = "contiguous"  # the paged kernels are the CPU provider's
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
-                        kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk)
+                        kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
+                        kv_layout=kv_layout)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(engine._loop)
             try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PageTable", "PagedKVPool", "is_paged", "table_of"]
+__all__ = ["PageTable", "PagedKVPool", "is_paged", "table_of", "paged_lengths"]
 
 _NO_TABLE = np.zeros((0, 1), np.int32)
 
@@ -83,3 +83,31 @@ def table_of(kv: Any, bsz: int) -> np.ndarray | None:
                 or not a.flags.c_contiguous or not a.flags.writeable):
             return None
     return table
+
+
+def paged_lengths(seqlens_k: Any, total_sequence_length: Any, bsz: int, s: int, cos: Any,
+                  sin: Any, rotary: bool, kv_heads: int, head_dim: int, scale: float
+                  ) -> tuple | None:
+    """What the fused decoder stack's paged path needs of a run's lengths,
+    as GroupQueryAttention's ``fast_path`` prep gives it for a contiguous
+    cache: ``(None, None, False, seqlens (B,) int64, total, alpha)``; None
+    when the values leave the compiled path (the blocks' GroupQueryAttention
+    then checks them and names the problem)."""
+    if seqlens_k is None or total_sequence_length is None:
+        return None
+    tsl = np.asarray(total_sequence_length).reshape(-1)
+    seqlens = np.asarray(seqlens_k).reshape(-1)
+    if tsl.shape != (1,) or seqlens.shape != (bsz,) or seqlens.dtype.kind != "i":
+        return None
+    total = int(tsl[0])
+    if total < s:
+        return None
+    if rotary:
+        f32 = np.dtype(np.float32)
+        cs = np.shape(cos)
+        if (getattr(cos, "dtype", None) != f32 or getattr(sin, "dtype", None) != f32
+                or len(cs) != 2 or np.shape(sin) != cs or not 0 < 2 * cs[1] <= head_dim
+                or not cos.flags.c_contiguous or not sin.flags.c_contiguous):
+            return None
+    alpha = scale if scale != 0.0 else 1.0 / float(np.sqrt(head_dim))
+    return None, None, False, seqlens.astype(np.int64), total, alpha

@@ -247,6 +247,7 @@ def test_the_kv_need_bounds_what_serving_the_set_allocates():
         bytes_per_token = 10
         context = 100
         _capacity = Engine._capacity
+        _cache = None  # kv_layout="contiguous"
 
     def req(n, new):
         return _Request(list(range(n)), SamplingParams(max_new_tokens=new), None, None)
@@ -258,6 +259,15 @@ def test_the_kv_need_bounds_what_serving_the_set_allocates():
     assert Engine._kv_need(fake, [b]) == (100 + 50) * 10  # capacity capped by the context
     assert Engine._kv_need(fake, [a, b]) == 2 * 2 * 100 * 10
     assert Engine._kv_need(fake, [a, a, a]) == 2 * 3 * 25 * 10
+    # a paged cache: each request its capacity in blocks, nothing doubled
+
+    class Blocks:
+        block_size, block_bytes = 16, 16 * 10
+
+    fake._cache = Blocks()
+    assert Engine._kv_need(fake, [a]) == 2 * 160  # 25 tokens: 2 blocks
+    assert Engine._kv_need(fake, [a, b]) == (2 + 7) * 160  # 100 tokens: 7 blocks
+    assert Engine._kv_need(fake, [a, a, a]) == 3 * 2 * 160
 
 
 def test_kv_room_is_the_budget_or_what_the_limit_leaves():

@@ -32,6 +32,24 @@ class KVStage:
         blocks = self._cache.num_blocks
         return blocks if room is None else min(blocks, room // self._cache.block_bytes)
 
+    def _share_prefix(self, req: _Request) -> None:
+        """A newly admitted request takes the cached blocks its tokens start
+        with (:meth:`.kv_cache.KVCache.share_prefix`) and prefills the rest."""
+        if self._cache is None or not self.prefix_caching or req.blocks or req.length:
+            return
+        n = self._cache.share_prefix(req.blocks, req.context_ids())
+        if n:
+            req.length = req.prefilled = n
+            self._prefix_hits += 1
+            self._prefix_tokens += n
+            self._set_kv_bytes()
+
+    def _register_prefix(self, req: _Request, tokens: list[int]) -> None:
+        """Register the full blocks of ``req``'s prefilled tokens in the
+        prefix cache."""
+        if self._cache is not None and self.prefix_caching:
+            self._cache.register(req.blocks, tokens, req.prefilled)
+
     def _grow_decoding(self) -> list[_Request]:
         """Blocks for one more position of every decoding request; while the
         pool (or the memory limit) has none left, the newest request is

@@ -59,6 +59,7 @@ class PrefillStage:
             req.kv = kv
         req.length += len(chunk)
         req.prefilled += len(chunk)
+        self._register_prefix(req, tokens)
         self._set_kv_bytes()
         if req.prefilled < len(tokens):
             return
@@ -112,6 +113,7 @@ class PrefillStage:
                 self._set_kv_bytes(extra=n * self.bytes_per_token)
                 r.kv = [a[b:b + 1, :, :n].copy() for a in kv]
             r.length = r.prefilled = n
+            self._register_prefix(r, r.prompt)
             self._prefilling.remove(r)
             r.t_first = now
             self._emit(r, self._sample(r, self._row_logits(logits, b, n - 1), r.prompt))

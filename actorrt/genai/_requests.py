@@ -129,6 +129,10 @@ class EngineStatistics:
         preemptions: decoding requests preempted because the paged cache ran
             out of blocks (their blocks freed, their tokens recomputed when
             they are admitted again).
+        prefix_hits: requests that took cached prompt blocks;
+            prefix_tokens_skipped: the positions those blocks held (prompt
+            tokens not computed); kv_blocks_cached: blocks registered in the
+            prefix cache (held or idle).
     """
 
     active: int
@@ -145,6 +149,9 @@ class EngineStatistics:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     preemptions: int = 0
+    prefix_hits: int = 0
+    prefix_tokens_skipped: int = 0
+    kv_blocks_cached: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:

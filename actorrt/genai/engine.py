@@ -91,7 +91,8 @@ class Engine(KVStage, PrefillStage, DecodeStage):
     """Serves generation requests; obtain one from :func:`open_engine`."""
 
     def __init__(self, session: Session, tokenizer: Any, config: dict, *, max_batch: int,
-                 kv_budget_bytes: int | None, prefill_chunk: int, kv_layout: str = "paged"):
+                 kv_budget_bytes: int | None, prefill_chunk: int, kv_layout: str = "paged",
+                 prefix_caching: bool = True):
         self.session = session
         self.tokenizer = tokenizer
         self.config = config
@@ -158,6 +159,10 @@ class Engine(KVStage, PrefillStage, DecodeStage):
         self._in_run = False
         self._deferred: list[list[int]] = []
         self._preemptions = 0
+        #: reuse cached prompt blocks (paged cache only)
+        self.prefix_caching = bool(prefix_caching)
+        self._prefix_hits = 0
+        self._prefix_tokens = 0
         if kv_layout == "paged":
             self._cache = self._new_cache()
 
@@ -258,7 +263,8 @@ class Engine(KVStage, PrefillStage, DecodeStage):
                                 self._prefill_runs,
                                 self._cache.used_blocks if self._cache else 0,
                                 self._cache.num_blocks if self._cache else 0,
-                                self._preemptions)
+                                self._preemptions, self._prefix_hits, self._prefix_tokens,
+                                self._cache.cached_blocks if self._cache else 0)
 
     # ---------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -335,6 +341,7 @@ class Engine(KVStage, PrefillStage, DecodeStage):
                 if need <= room:
                     self._waiting.popleft()
                     req.t_admit = req.t_admit or time.perf_counter()
+                    self._share_prefix(req)
                     self._prefilling.append(req)
                     continue
                 if admitted:
@@ -539,7 +546,8 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 options: SessionOptions | None = None,
                 home: str | Path | None = None,
                 accuracy_level: int = 4,
-                kv_layout: str = "paged") -> AsyncContextManager[Engine]:
+                kv_layout: str = "paged",
+                prefix_caching: bool = True) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -580,6 +588,11 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             right-padded batch buffer whenever the batch changes (the previous
             engine, kept for comparison). Sessions on other providers than
             the CPU use the contiguous layout.
+        prefix_caching: with the paged layout, requests whose tokens start
+            with full blocks another prompt computed take those blocks and
+            prefill only the rest (``statistics().prefix_hits`` and
+            ``prefix_tokens_skipped``); unused cached blocks are evicted,
+            least recently used first, when blocks run out.
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
@@ -596,14 +609,16 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                                      kv_budget_bytes=kv_budget_bytes,
                                      prefill_chunk=prefill_chunk, providers=providers,
                                      options=options, home=home,
-                                     accuracy_level=accuracy_level, kv_layout=kv_layout))
+                                     accuracy_level=accuracy_level, kv_layout=kv_layout,
+                                     prefix_caching=prefix_caching))
 
 
 @asynccontextmanager
 async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: int | None,
                        prefill_chunk: int, providers: Sequence[Any] | None,
                        options: SessionOptions | None, home: str | Path | None,
-                       accuracy_level: int, kv_layout: str) -> AsyncIterator[Engine]:
+                       accuracy_level: int, kv_layout: str,
+                       prefix_caching: bool = True) -> AsyncIterator[Engine]:
     from .models import model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -627,7 +642,7 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
             kv_layout = "contiguous"  # the paged kernels are the CPU provider's
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
                         kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
-                        kv_layout=kv_layout)
+                        kv_layout=kv_layout, prefix_caching=prefix_caching)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(engine._loop)
             try:

@@ -13,6 +13,20 @@ Bytes are accounted to the host provider's memory accountant (role
 ``kv-cache``) per block taken, so the provider's statistics and
 ``engine.statistics().kv_bytes`` count the blocks held, not the pool.
 
+Prefix caching: a full block of a prompt is registered under its content
+key, the BLAKE2b digest (128 bits) of the key of the block before and its
+token ids (so a key names the whole prefix up to the block's end; a
+collision is as likely as one of the hash).
+A request whose tokens start with registered blocks takes them (their
+reference count goes up) and prefills only the rest. Shared blocks are
+full and never written again: a request's new positions always go to a
+block of its own, so a prompt that diverges inside a block recomputes that
+block privately (there is nothing to copy on write). A registered block
+whose last reference goes stays cached, off the free list, until a block
+is needed and none is free: then the least recently released one is
+evicted (its key forgotten). Cached blocks without references are not
+accounted as held (they are free to take).
+
 The pools are fed to the decoder graph as its ``past_key_values.*`` inputs
 (:class:`~actorrt.providers.cpu.llm.paged.PagedKVPool`), with the run's
 block table in their shared :class:`~actorrt.providers.cpu.llm.paged.PageTable`.
@@ -20,6 +34,8 @@ block table in their shared :class:`~actorrt.providers.cpu.llm.paged.PageTable`.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import numpy as np
@@ -74,15 +90,30 @@ class KVCache:
         self.pools = [PagedKVPool.wrap(a, self.pages) for a in arrays]
         # LIFO: a freed block (its pages already committed) is taken first
         self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._refs = [0] * self.num_blocks
+        #: prefix cache: content key <-> block, and the registered blocks
+        #: nobody holds, least recently released first
+        self._block_of: dict[Any, int] = {}
+        self._key_of: dict[int, Any] = {}
+        self._idle: OrderedDict[int, None] = OrderedDict()
+        #: registered blocks evicted to make room
+        self.evictions = 0
 
     # ------------------------------------------------------------ blocks
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks that can be taken: free ones and cached ones nobody holds."""
+        return len(self._free) + len(self._idle)
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some request holds."""
+        return self.num_blocks - self.free_blocks
+
+    @property
+    def cached_blocks(self) -> int:
+        """Registered prefix blocks (held or idle)."""
+        return len(self._key_of)
 
     @property
     def used_bytes(self) -> int:
@@ -104,22 +135,83 @@ class KVCache:
         need = self.blocks_for(positions) - len(blocks)
         if need <= 0:
             return
-        if need > len(self._free):
+        if need > self.free_blocks:
             raise OutOfMemoryError(
-                f"the KV pool has {len(self._free)} free blocks of {self.block_size} positions; "
-                f"{need} more are needed", requested=need * self.block_bytes,
+                f"the KV pool has {self.free_blocks} free blocks of {self.block_size} "
+                f"positions; {need} more are needed", requested=need * self.block_bytes,
                 in_use=self.used_bytes, limit=self.num_blocks * self.block_bytes,
                 role="kv-cache", provider=self.memory.provider, model=self.model)
         self.memory.reserve(need * self.block_bytes, "kv-cache", what="KV cache blocks")
-        blocks.extend(self._free.pop() for _ in range(need))
+        for _ in range(need):
+            b = self._take()
+            self._refs[b] = 1
+            blocks.append(b)
+
+    def _take(self) -> int:
+        """A block nobody holds: a free one, else the least recently released
+        cached one (evicted from the prefix cache)."""
+        if self._free:
+            return self._free.pop()
+        b, _ = self._idle.popitem(last=False)
+        del self._block_of[self._key_of.pop(b)]
+        self.evictions += 1
+        return b
 
     def release(self, blocks: list[int]) -> None:
-        """Return ``blocks`` to the free list (and their bytes); empties the list."""
+        """Drop a request's references to ``blocks`` (empties the list): a
+        block nobody holds goes back to the free list, or, registered in the
+        prefix cache, stays cached until evicted; its bytes are released."""
         if not blocks:
             return
-        self._free.extend(reversed(blocks))
-        self.memory.release(len(blocks) * self.block_bytes, "kv-cache")
+        gone = 0
+        for b in reversed(blocks):
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                gone += 1
+                if b in self._key_of:
+                    self._idle[b] = None
+                else:
+                    self._free.append(b)
+        if gone:
+            self.memory.release(gone * self.block_bytes, "kv-cache")
         blocks.clear()
+
+    # ----------------------------------------------------- prefix cache
+    def share_prefix(self, blocks: list[int], tokens: Sequence[int]) -> int:
+        """Give a request (``blocks`` empty) the cached blocks its ``tokens``
+        start with, keeping at least one token to compute; returns the
+        positions they hold (0: no hit). Stops early where the memory limit
+        leaves no room for a block taken off the idle list."""
+        assert not blocks
+        bs = self.block_size
+        key = b""
+        for j in range((len(tokens) - 1) // bs):
+            key = _chain(key, tokens[j * bs:(j + 1) * bs])
+            b = self._block_of.get(key)
+            if b is None:
+                break
+            if self._refs[b] == 0:
+                try:
+                    self.memory.reserve(self.block_bytes, "kv-cache", what="KV cache blocks")
+                except OutOfMemoryError:
+                    break
+                del self._idle[b]
+            self._refs[b] += 1
+            blocks.append(b)
+        return len(blocks) * bs
+
+    def register(self, blocks: Sequence[int], tokens: Sequence[int], positions: int) -> None:
+        """Register the full blocks among a request's first ``positions``
+        positions (``tokens`` its token ids) in the prefix cache (a content
+        already cached keeps its block)."""
+        bs = self.block_size
+        key = b""
+        for j in range(min(positions, len(tokens)) // bs):
+            key = _chain(key, tokens[j * bs:(j + 1) * bs])
+            b = blocks[j]
+            if key not in self._block_of and b not in self._key_of:
+                self._block_of[key] = b
+                self._key_of[b] = key
 
     # ------------------------------------------------------------- runs
     def bind(self, rows: Sequence[Sequence[int]], positions: int = 0) -> dict[str, Any]:
@@ -142,3 +234,11 @@ class KVCache:
         for t in range(positions):
             out[:, t] = pool[blocks[t // self.block_size], :, t % self.block_size]
         return out
+
+
+def _chain(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The content key of a block: the digest of its prefix's key and its
+    token ids."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(np.asarray(tokens, np.int64).tobytes())
+    return h.digest()

@@ -175,3 +175,81 @@ async def test_preemption_under_block_pressure_resumes_with_the_same_ids(tiny_di
             await engine.generate(_prompt(100, 0), SamplingParams(max_new_tokens=100))
         r = await engine.generate(_prompt(10, 0), SamplingParams(max_new_tokens=5))
         assert len(r.token_ids) >= 1  # it still serves
+
+
+async def _sequential(folder, prompts, new=12, **kw):
+    out = []
+    async with open_engine(folder, kv_layout="paged", **kw) as engine:
+        for p in prompts:
+            r = await engine.generate(p, SamplingParams(max_new_tokens=new, ignore_eos=True))
+            out.append(r.token_ids)
+        while engine.statistics().kv_bytes:
+            await trio.sleep(0.005)
+        st = engine.statistics()
+    return out, st
+
+
+async def test_prefix_caching_shares_full_blocks_and_recomputes_where_prompts_diverge(tiny_dir):
+    system = _prompt(40, 100)  # 2 full blocks and 8 positions
+    a = system + _prompt(5, 1)
+    b = system + _prompt(9, 2)
+    c = system[:20] + _prompt(30, 3)  # diverges inside block 1
+    prompts = [a, b, c, a, system[:32] + [7]]
+    with trio.fail_after(120):
+        want, st0 = await _sequential(tiny_dir, prompts, prefix_caching=False)
+        got, st = await _sequential(tiny_dir, prompts)
+    assert got == want
+    assert st0.prefix_hits == 0 and st0.kv_blocks_cached == 0
+    # b: blocks 0-1; c: block 0 (block 1 diverges: recomputed privately);
+    # a again: blocks 0-1 (its own third block was not full); the last: 0-1
+    assert st.prefix_hits == 4 and st.prefix_tokens_skipped == (2 + 1 + 2 + 2) * BLOCK_SIZE
+    assert st.kv_blocks_used == 0 and st.kv_bytes == 0 and st.kv_blocks_cached > 0
+
+
+async def test_prefix_cache_evicts_idle_blocks_lru_under_the_budget(tiny_dir):
+    # 8 blocks of pool: every new prompt needs blocks that cached ones hold
+    block_bytes = 2 * 2 * 2 * 16 * 4 * BLOCK_SIZE
+    prompts = [_prompt(33, 10 + i) for i in range(6)] + [_prompt(33, 15)]
+    with trio.fail_after(120):
+        want, _ = await _sequential(tiny_dir, prompts, prefix_caching=False,
+                                    kv_budget_bytes=8 * block_bytes)
+        async with open_engine(tiny_dir, kv_budget_bytes=8 * block_bytes) as engine:
+            got = []
+            for p in prompts:
+                r = await engine.generate(p, SamplingParams(max_new_tokens=12, ignore_eos=True))
+                got.append(r.token_ids)
+            cache = engine._cache
+            assert cache.evictions > 0
+            st = engine.statistics()
+    assert got == want
+    assert st.prefix_hits == 1  # the last prompt repeats the one before (still cached)
+
+
+def test_prefix_blocks_are_reference_counted():
+    acc = MemoryAccountant("cpu")
+    cache = KVCache(["k", "v"], 1, 4, 4, memory=acc, block_size=2)
+    tokens = [5, 6, 7, 8, 9]
+    a = []
+    cache.grow(a, 5)  # 3 blocks
+    cache.register(a, tokens, 5)  # 2 full blocks registered
+    assert cache.cached_blocks == 2
+    b = []
+    assert cache.share_prefix(b, tokens) == 4 and b == a[:2]  # one token left to compute
+    c = []
+    assert cache.share_prefix(c, [5, 6, 0, 8, 9]) == 2 and c == a[:1]  # diverges in block 1
+    assert cache.used_blocks == 3 and acc.statistics().live_by_role["kv-cache"] == 3 * cache.block_bytes
+    cache.release(a)  # its third block is free; the shared ones stay held by b and c
+    assert cache.used_blocks == 2
+    cache.release(b)
+    cache.release(c)
+    assert cache.used_blocks == 0 and acc.statistics().live_by_role["kv-cache"] == 0
+    assert cache.cached_blocks == 2  # idle, still cached
+    d = []
+    assert cache.share_prefix(d, tokens) == 4  # taken back from the idle list
+    assert cache.used_blocks == 2
+    cache.release(d)
+    e = []
+    cache.grow(e, 6)  # 3 blocks: the 2 free ones, then the least recent idle one
+    assert cache.evictions == 1 and cache.cached_blocks == 1 and cache.free_blocks == 1
+    cache.release(e)
+    assert cache.free_blocks == 4 and acc.statistics().live_by_role["kv-cache"] == 0

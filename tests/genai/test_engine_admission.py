@@ -206,10 +206,13 @@ def test_a_prefill_cancelled_halfway_frees_its_cache_at_once(model_dir):
 
 def test_budget_counts_the_padded_batch_for_admission(model_dir):
     """Two requests that fit the budget one at a time but not padded together
-    run one after the other (FIFO), not side by side."""
+    run one after the other (FIFO), not side by side (the contiguous layout:
+    the paged cache admits by blocks held and preempts instead, see
+    tests/genai/test_kv_cache.py)."""
     async def main():
         budget = 2 * 40 * BYTES_PER_TOKEN
-        async with open_engine(model_dir, kv_budget_bytes=budget) as engine:
+        async with open_engine(model_dir, kv_budget_bytes=budget,
+                               kv_layout="contiguous") as engine:
             # each alone: (5 + 30) + 5 tokens; together 2 x 2 rows x 35
             order, seen = [], []
 

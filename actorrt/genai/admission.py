@@ -3,7 +3,9 @@ admits a request: the prompt's token ids (typed refusals of malformed
 prompts) and the KV-cache bytes a set of requests holds at once.
 
 KV arithmetic (see ``docs/architecture.md``, "Admission and KV accounting"):
-decoding requests share one right-padded buffer, a row each, every row as
+on the block-paged cache (:mod:`.kv_cache`, the default) each request holds
+its own blocks and nothing is copied (:func:`kv_need_paged`). On the
+contiguous layout, decoding requests share one right-padded buffer, a row each, every row as
 long as the longest request's capacity (prompt + ``max_new_tokens``, at most
 the context window). When the batch changes, the new buffer is filled from
 the old one and the newcomers' own prefill caches, which together are at

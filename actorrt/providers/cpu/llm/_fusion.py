@@ -60,6 +60,7 @@ from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 from . import _block_kernels as _bk
 from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
+from ._paged_block import f32_block_runner
 from .paged import is_paged, paged_lengths, table_of
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
@@ -315,6 +316,9 @@ class DecoderBlock(Kernel):
         region = name != "f32"
         blocks = st["blocks"]
         d = width // (heads + 2 * kv_heads) if packed else width // heads
+        # a paged cache (.paged): the float32 block attends through its block
+        # table; an int8 block alone runs its original kernels on one
+        paged = f32_block_runner(st, fallback) if not region else fallback
 
         def decoder_block(h, residual, past_key, past_value, seqlens_k, total_sequence_length,
                           cos_cache=None, sin_cache=None):
@@ -323,6 +327,9 @@ class DecoderBlock(Kernel):
                     or not residual.flags.c_contiguous):
                 return fallback(h, residual, past_key, past_value, seqlens_k,
                                 total_sequence_length, cos_cache, sin_cache)
+            if type(past_key) is not np.ndarray and is_paged(past_key):
+                return (paged or fallback)(h, residual, past_key, past_value, seqlens_k,
+                                           total_sequence_length, cos_cache, sin_cache)
             bsz, s = h.shape[0], h.shape[1]
             ready = prep(bsz, s, width, packed, past_key, past_value, seqlens_k,
                          total_sequence_length, cos_cache, sin_cache)

@@ -3,7 +3,9 @@ admits a request: the prompt's token ids (typed refusals of malformed
 prompts) and the KV-cache bytes a set of requests holds at once.
 
 KV arithmetic (see ``docs/architecture.md``, "Admission and KV accounting"):
-decoding requests share one right-padded buffer, a row each, every row as
+on the block-paged cache (:mod:`.kv_cache`, the default) each request holds
+its own blocks and nothing is copied (:func:`kv_need_paged`). On the
+contiguous layout, decoding requests share one right-padded buffer, a row each, every row as
 long as the longest request's capacity (prompt + ``max_new_tokens``, at most
 the context window). When the batch changes, the new buffer is filled from
 the old one and the newcomers' own prefill caches, which together are at
@@ -21,7 +23,7 @@ import numpy as np
 
 from .._errors import InvalidArgumentError, OutOfMemoryError
 
-__all__ = ["encode_prompt", "kv_need", "kv_room", "kv_room_alone", "kv_error"]
+__all__ = ["encode_prompt", "kv_need", "kv_need_paged", "kv_room", "kv_room_alone", "kv_error"]
 
 
 def encode_prompt(tokenizer: Any, prompt: Any, *, vocab_size: int,
@@ -131,3 +133,10 @@ def kv_error(prompt_tokens: int, new_tokens: int, need: int, bytes_per_token: in
         f"shorten the prompt or raise memory_limit",
         requested=need, in_use=memory.statistics().live_bytes, limit=memory.limit,
         role="kv-cache", provider=memory.provider, model=model)
+
+
+def kv_need_paged(capacities: Sequence[int], block_size: int, block_bytes: int) -> int:
+    """Most KV-cache bytes a block-paged cache (:mod:`actorrt.genai.kv_cache`)
+    holds serving requests of these capacities (tokens) together: each its
+    own blocks, nothing copied when the batch changes."""
+    return sum(-(-int(c) // block_size) for c in capacities) * block_bytes

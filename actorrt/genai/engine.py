@@ -28,13 +28,23 @@ head_dim)`` -> ``logits`` float32 ``(batch, seq, vocab)``,
 ``logits_positions`` int64 ``(batch, 1, 1)``, the position of each row whose
 logits it samples, and ``(batch, 1, vocab)`` logits, so a prompt costs one
 row of the LM head, not one per token (SmolLM2: 28M of its 135M weights).
+
+The engine's code by stage (one class, :class:`Engine`, built from mixins):
+
+* this module -- the API (stream, generate, statistics), the loop,
+  admission, finishing requests, :func:`open_engine`;
+* :mod:`._requests` -- results, stream pieces, statistics, the request record;
+* :mod:`._kv_stage` -- KV accounting and the two cache layouts: the
+  block-paged cache (:mod:`.kv_cache`, the default: a join or leave touches
+  only that request's blocks, the newest request is preempted when blocks
+  run out) and the contiguous one (``kv_layout="contiguous"``);
+* :mod:`._prefill` -- prompt chunks and batched short prompts;
+* :mod:`._decode` -- batched decode steps and runs.
 """
 
 from __future__ import annotations
 
-import codecs
 import functools
-import itertools
 import json
 import math
 import time
@@ -50,10 +60,15 @@ import trio
 from .._errors import (ActorRTError, GenerationError, InvalidArgumentError, OutOfMemoryError,
                        SessionClosedError, UnwrapGroups)
 from .._session import Session, SessionOptions, open_session
-from ..providers._memory import huge_page_arrays
-from .admission import encode_prompt, kv_error, kv_need, kv_room, kv_room_alone
+from ._decode import DecodeStage
+from ._kv_stage import KVStage
+from ._prefill import PrefillStage
+from ._requests import (EngineStatistics, GenerationResult, GenerationStream, StreamPiece,
+                        _Request)
+from .admission import encode_prompt
+from .kv_cache import KVCache
 from .models import LOGITS_POSITIONS
-from .sampling import Sampler, SamplingParams, TokenLogprob
+from .sampling import SamplingParams
 
 __all__ = ["Engine", "open_engine", "GenerationResult", "EngineStatistics", "GenerationStream",
            "StreamPiece"]
@@ -72,200 +87,12 @@ DECODE_RUN_STEPS = 64
 STREAM_INTERVAL_S = 0.025
 
 
-@attrs.frozen
-class GenerationResult:
-    """The outcome of one request.
-
-    Attributes:
-        text: generated text (prompt excluded, stop string excluded).
-        token_ids: generated token ids.
-        finish_reason: ``"stop"`` (EOS or a stop string), ``"length"``
-            (max_new_tokens or the context window), ``"cancelled"``.
-        prompt_tokens: prompt length in tokens.
-        prompt_seconds: time from admission to the first token (s).
-        decode_seconds: time from the first to the last token (s).
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    prompt_seconds: float
-    decode_seconds: float
-
-    @property
-    def prompt_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        n = len(self.token_ids) - 1
-        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
-
-
-@attrs.frozen
-class StreamPiece:
-    """What one generated token adds to a stream (``engine.stream(...,
-    details=True)``).
-
-    Attributes:
-        text: text released by the token (may be ``""``: half a character, or
-            a possible stop-string prefix held back; the held text arrives with
-            a later piece). The last piece of a stream may carry only text
-            (``token_ids`` empty): the held-back tail.
-        token_ids: the token (one id), or ``()`` for the tail piece.
-        logprobs: with :attr:`SamplingParams.logprobs` set, the token's
-            :class:`~actorrt.genai.sampling.TokenLogprob` (one per id);
-            otherwise ``None``.
-    """
-
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...] | None = None
-
-
-class GenerationStream:
-    """The async iterator :meth:`Engine.stream` returns: text pieces (``str``)
-    or, with ``details=True``, :class:`StreamPiece` objects.
-
-    After the iteration ends, :attr:`result` holds the request's
-    :class:`GenerationResult` (finish reason, token ids, counts, timings).
-    A stream the engine aborted (the engine closed under it) raises
-    :class:`~actorrt.SessionClosedError` instead of ending.
-    ``await stream.aclose()`` (or leaving an ``async with
-    contextlib.aclosing(stream)`` block) cancels the request.
-    """
-
-    def __init__(self, items: AsyncIterator[Any], details: bool):
-        self._items = items
-        self._details = details
-        #: the request's :class:`GenerationResult` once the stream ended
-        #: normally; ``None`` before
-        self.result: GenerationResult | None = None
-
-    def __aiter__(self) -> "GenerationStream":
-        return self
-
-    async def __anext__(self) -> "str | StreamPiece":
-        while True:
-            item = await self._items.__anext__()
-            if isinstance(item, GenerationResult):
-                self.result = item
-                continue
-            if self._details:
-                return item if isinstance(item, StreamPiece) else StreamPiece(item, ())
-            text = item.text if isinstance(item, StreamPiece) else item
-            if text:
-                return text
-
-    async def aclose(self) -> None:
-        """Stop reading: the request is cancelled and its KV cache freed at the
-        next step boundary."""
-        await self._items.aclose()
-
-
-@attrs.frozen
-class EngineStatistics:
-    """Engine counters.
-
-    Attributes:
-        active: requests prefilling or decoding. waiting: queued for admission.
-        completed: requests finished (any reason). tokens_generated: total.
-        tokens_per_s: aggregate generated tokens/s since the engine started
-            serving its first request.
-        kv_bytes: bytes held by KV caches now.
-        steps: decode steps run; batch_histogram: batch size -> steps.
-        decode_tokens: tokens produced by decode steps (first tokens come from
-            prefill and are not counted); decode_time_s: wall seconds spent in
-            decode steps (batched model run + sampling, prefill excluded).
-        prefill_runs: model runs spent on prompts (several short prompts that
-            arrive together share one run).
-    """
-
-    active: int
-    waiting: int
-    completed: int
-    tokens_generated: int
-    tokens_per_s: float
-    kv_bytes: int
-    steps: int
-    batch_histogram: dict[int, int]
-    decode_tokens: int = 0
-    decode_time_s: float = 0.0
-    prefill_runs: int = 0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Aggregate decode throughput: decode tokens / decode seconds (the
-        analogue of llama.cpp batched-bench's text-generation speed)."""
-        return self.decode_tokens / self.decode_time_s if self.decode_time_s > 0 else 0.0
-
-
-class _Request:
-    _ids = itertools.count(1)
-
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, send, tokenizer):
-        self.id = next(self._ids)
-        self.prompt = prompt_ids
-        self.params = params
-        self.sampler = Sampler(params)
-        self.send = send
-        self.tok = tokenizer
-        self.kv: list[np.ndarray] | None = None  # own cache while prefilling
-        self.length = 0  # tokens in the KV cache
-        self.prefilled = 0
-        self.generated: list[int] = []
-        self.pending: int | None = None  # sampled, not yet fed to the model
-        self.cancelled = False
-        self.done = False
-        self.details = False  # send StreamPiece objects rather than text
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.held = ""  # text held back (possible stop-string prefix)
-        self.t_admit = 0.0
-        self.t_first = 0.0
-        self.t_last = 0.0
-        #: admitted only while nothing else runs (it ran out of memory beside others)
-        self.alone = False
-
-    # text ---------------------------------------------------------------
-    def push_token(self, tid: int) -> tuple[str, bool]:
-        """Add a generated token; returns (text safe to emit, hit a stop string)."""
-        piece = self.decoder.decode(self.tok.token_bytes(tid))
-        buf = self.held + piece
-        for s in self.params.stop:
-            i = buf.find(s)
-            if i >= 0:
-                self.held = ""
-                self.text += buf[:i]
-                return buf[:i], True
-        keep = 0
-        for s in self.params.stop:
-            for k in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:k]):
-                    keep = max(keep, k)
-                    break
-        out, self.held = (buf[:len(buf) - keep], buf[len(buf) - keep:]) if keep else (buf, "")
-        self.text += out
-        return out, False
-
-    def flush(self) -> str:
-        """The text held back, at the request's end. Bytes of a character the
-        generation stopped inside (e.g. cut by ``max_new_tokens``) are
-        dropped: they never decode to text, and U+FFFD would be a character
-        the model did not produce."""
-        tail = self.held
-        self.decoder.reset()
-        self.held = ""
-        self.text += tail
-        return tail
-
-
-class Engine:
+class Engine(KVStage, PrefillStage, DecodeStage):
     """Serves generation requests; obtain one from :func:`open_engine`."""
 
     def __init__(self, session: Session, tokenizer: Any, config: dict, *, max_batch: int,
-                 kv_budget_bytes: int | None, prefill_chunk: int):
+                 kv_budget_bytes: int | None, prefill_chunk: int, kv_layout: str = "paged",
+                 prefix_caching: bool = True):
         self.session = session
         self.tokenizer = tokenizer
         self.config = config
@@ -324,6 +151,20 @@ class Engine:
         #: set from the event loop to end a decode run (:meth:`_decode_run`)
         self._interrupt = False
         self._decode_mark = 0.0  # decode time is counted up to here
+        #: the block-paged KV cache (kv_layout "paged"), or None: each request
+        #: its own prefill buffer, then one right-padded batch buffer
+        self._cache: KVCache | None = None
+        #: a model run is under way: blocks of requests that leave meanwhile
+        #: are returned after it (the run may still write them)
+        self._in_run = False
+        self._deferred: list[list[int]] = []
+        self._preemptions = 0
+        #: reuse cached prompt blocks (paged cache only)
+        self.prefix_caching = bool(prefix_caching)
+        self._prefix_hits = 0
+        self._prefix_tokens = 0
+        if kv_layout == "paged":
+            self._cache = self._new_cache()
 
     # ----------------------------------------------------------------- API
     def encode_prompt(self, prompt: Prompt, *, special_in_content: bool = False) -> list[int]:
@@ -419,7 +260,11 @@ class Engine:
                                 self._completed, self._tokens,
                                 self._tokens / el if el > 0 else 0.0, self._kv_bytes, self._steps,
                                 dict(self._hist), self._decode_tokens, self._decode_time,
-                                self._prefill_runs)
+                                self._prefill_runs,
+                                self._cache.used_blocks if self._cache else 0,
+                                self._cache.num_blocks if self._cache else 0,
+                                self._preemptions, self._prefix_hits, self._prefix_tokens,
+                                self._cache.cached_blocks if self._cache else 0)
 
     # ---------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -489,7 +334,22 @@ class Engine:
             if admitted and (req.alone or any(r.alone for r in admitted)):
                 return
             room = self._kv_room()
-            if room is not None and self._kv_need([*admitted, req]) > room:
+            if self._cache is not None:  # blocks: what it holds now, not its capacity
+                room = self._block_room(room)
+                need = (self._cache.used_blocks + len(admitted)
+                        + self._cache.blocks_for(len(req.context_ids()) + 1))
+                if need <= room:
+                    self._waiting.popleft()
+                    req.t_admit = req.t_admit or time.perf_counter()
+                    self._share_prefix(req)
+                    self._prefilling.append(req)
+                    continue
+                if admitted:
+                    return  # fits once blocks are freed
+                room = room * self._cache.block_bytes  # alone: it never fits
+            elif room is not None and self._kv_need([*admitted, req]) <= room:
+                room = None
+            if room is not None:
                 if admitted:
                     return  # fits once others finish
                 self._waiting.popleft()  # alone and still too big: it never fits
@@ -499,82 +359,15 @@ class Engine:
             req.t_admit = time.perf_counter()
             self._prefilling.append(req)
 
-    # ------------------------------------------------------- KV accounting
-    def _kv_need(self, reqs: Sequence[_Request]) -> int:
-        """Most KV-cache bytes serving ``reqs`` together holds at once
-        (:func:`actorrt.genai.admission.kv_need`)."""
-        return kv_need([(self._capacity(r), len(r.prompt)) for r in reqs],
-                       self.bytes_per_token)
 
-    def _kv_room(self) -> int | None:
-        """KV bytes the engine may hold now (:func:`~actorrt.genai.admission.kv_room`)."""
-        return kv_room(self.kv_budget, self._host.memory)
 
-    def _kv_error(self, req: _Request, room: int) -> OutOfMemoryError:
-        return kv_error(len(req.prompt), req.params.max_new_tokens, self._kv_need([req]),
-                        self.bytes_per_token, room, self._host.memory,
-                        self.session.model_name)
 
-    def _check_fits_alone(self, req: _Request) -> None:
-        """Refuse, before queueing, a request that could not run even alone.
 
-        Raises:
-            GenerationError: its KV cache exceeds ``kv_budget_bytes``.
-            OutOfMemoryError: its KV cache exceeds what the session's memory
-                limit leaves beside the weights.
-        """
-        need = self._kv_need([req])
-        if self.kv_budget is not None and need > self.kv_budget:
-            raise GenerationError(
-                f"request needs {need} bytes of KV cache ({len(req.prompt)} prompt tokens + "
-                f"{req.params.max_new_tokens} new tokens, {self.bytes_per_token} bytes a "
-                f"token); the engine's budget is {self.kv_budget} bytes")
-        room = kv_room_alone(self._host.memory)
-        if room is not None and need > room:
-            raise self._kv_error(req, room)
 
-    def _prefill_out_of_memory(self, group: list[_Request], exc: OutOfMemoryError) -> None:
-        """A prefill ran out of memory: its requests wait again at the head
-        of the queue, to run alone, when other requests held memory beside
-        them; a request that was alone fails with ``exc``."""
-        group = [r for r in group if not r.done]
-        others = [r for r in (*self._prefilling, *self._decoding) if r not in group]
-        retry = others or len(group) > 1
-        for r in reversed(group):
-            if retry and not r.alone and not r.generated:
-                if r in self._prefilling:
-                    self._prefilling.remove(r)
-                r.kv, r.length, r.prefilled, r.t_admit, r.alone = None, 0, 0, 0.0, True
-                self._waiting.appendleft(r)
-            else:
-                self._fail(r, exc)
-        self._set_kv_bytes()
 
-    def _decode_out_of_memory(self, exc: OutOfMemoryError) -> None:
-        """A decode step (or the batch rebuild before it) ran out of memory:
-        the requests that were joining the batch fail with ``exc``, else the
-        newest one in it; the others go on at the next step."""
-        joining = [r for r in self._decoding if r.kv is not None]
-        victims = joining or ([max(self._decoding, key=lambda r: r.id)] if self._decoding else [])
-        for r in victims:
-            self._fail(r, exc)
-        self._set_kv_bytes()
 
-    def _shrink_batch(self) -> bool:
-        """Drop the rows of requests that left from the batch buffer before
-        anything is admitted (their padding is held until then); ``False``
-        when that ran out of memory (nothing is admitted this step)."""
-        if not self._batch or not self._decoding:
-            return True
-        if [id(r) for r in self._decoding] == [id(r) for r in self._batch]:
-            return True
-        try:
-            self._rebuild_batch()
-            self._set_kv_bytes()
-        except OutOfMemoryError as exc:
-            self._decode_out_of_memory(exc)
-            return False
-        return True
+
+
 
     def _reap(self) -> None:
         for r in list(self._prefilling):
@@ -587,45 +380,7 @@ class Engine:
                 if not r.done:
                     self._finish(r, "cancelled")
 
-    def _set_kv_bytes(self, extra: int = 0) -> None:
-        """Account the KV bytes held now (prefill caches, caches waiting to join
-        the batch, the batch buffer) plus ``extra`` about to be allocated.
 
-        Raises:
-            OutOfMemoryError: ``extra`` would pass the host provider's memory
-                limit (nothing is accounted then).
-        """
-        total = extra + sum(a.nbytes for r in (*self._prefilling, *self._decoding)
-                            if r.kv is not None for a in r.kv)
-        if self._batch_kv is not None:
-            total += sum(a.nbytes for a in self._batch_kv)
-        delta = total - self._kv_bytes
-        if delta > 0:
-            self._host.memory.reserve(delta, "kv-cache", what="KV cache")
-        elif delta < 0:
-            self._host.memory.release(-delta, "kv-cache")
-        self._kv_bytes = total
-
-    def _empty_kv(self, batch: int, length: int) -> list[np.ndarray]:
-        """Zeroed KV buffers, accounted before they are allocated (the caller
-        then holds them where :meth:`_set_kv_bytes` counts them).
-
-        Raises:
-            OutOfMemoryError: over the memory limit or the machine's memory.
-        """
-        # one huge-page mapping for every layer's key and value buffer
-        shape = (batch, self.kv_heads, length, self.head_dim)
-        self._set_kv_bytes(extra=2 * len(self._layers) * batch * self.kv_heads * length
-                           * self.head_dim * 4)
-        try:
-            return huge_page_arrays(2 * len(self._layers), shape, np.float32)
-        except MemoryError as exc:
-            self._set_kv_bytes()
-            mem = self._host.memory
-            raise OutOfMemoryError("cannot map the KV cache", requested=batch * length
-                                   * self.bytes_per_token, in_use=mem.statistics().live_bytes,
-                                   limit=mem.limit, role="kv-cache", provider=mem.provider,
-                                   model=self.session.model_name) from exc
 
     def _feeds(self, ids: np.ndarray, mask: np.ndarray, kv: list[np.ndarray],
                last: list[int] | None = None) -> dict:
@@ -647,264 +402,25 @@ class Engine:
 
     async def _model(self, feeds: dict) -> tuple[np.ndarray, list[np.ndarray]]:
         # the KV buffers have spare capacity: GroupQueryAttention appends in place
-        outs = await self.session.run(None, feeds, donate=self._kv_names)
+        self._in_run = True
+        try:
+            outs = await self.session.run(None, feeds, donate=self._kv_names)
+        finally:
+            self._run_ended()
         return self._split_outputs(outs)
 
-    async def _prefill_step(self, req: _Request) -> None:
-        if req.kv is None:  # capacity for the whole request: appended in place
-            req.kv = self._empty_kv(1, self._capacity(req))
-        start = req.prefilled
-        chunk = req.prompt[start:start + self.prefill_chunk]
-        ids = np.asarray([chunk], np.int64)
-        mask = np.ones((1, req.length + len(chunk)), np.int64)
-        logits, kv = await self._model(self._feeds(ids, mask, req.kv))
-        self._prefill_runs += 1
-        if req.cancelled:
-            return
-        req.kv = kv
-        req.length += len(chunk)
-        req.prefilled += len(chunk)
-        self._set_kv_bytes()
-        if req.prefilled < len(req.prompt):
-            return
-        self._prefilling.popleft()
-        req.t_first = time.perf_counter()
-        self._emit(req, self._sample(req, logits[0, -1], req.prompt))
-        if not req.done:
-            self._decoding.append(req)
 
-    def _prefill_group(self) -> list[_Request]:
-        """Newcomers whose whole prompt fits one chunk are prefilled together:
-        one right-padded run of at most ``prefill_chunk`` token rows (padding
-        included), so a burst of short prompts costs one weight pass and its
-        requests join the decode batch at the same step."""
-        group: list[_Request] = []
-        longest = 0
-        for r in self._prefilling:
-            n = len(r.prompt)
-            if r.prefilled or r.kv is not None or n > self.prefill_chunk:
-                break
-            if (len(group) + 1) * max(longest, n) > self.prefill_chunk:
-                break
-            group.append(r)
-            longest = max(longest, n)
-        return group
 
-    async def _prefill_batch(self, group: list[_Request]) -> None:
-        s = max(len(r.prompt) for r in group)
-        ids = np.zeros((len(group), s), np.int64)
-        mask = np.zeros((len(group), s), np.int64)
-        for b, r in enumerate(group):
-            ids[b, :len(r.prompt)] = r.prompt
-            mask[b, :len(r.prompt)] = 1
-        # no past: each row's present holds its prompt, then padding rows
-        logits, kv = await self._model(self._feeds(ids, mask, self._empty_kv(len(group), 0),
-                                                   [len(r.prompt) - 1 for r in group]))
-        self._prefill_runs += 1
-        now = time.perf_counter()
-        for b, r in enumerate(group):
-            if r.cancelled:
-                continue  # reaped at the next step boundary
-            n = len(r.prompt)
-            # its own rows (read once by _rebuild_batch): the run's buffers go now
-            self._set_kv_bytes(extra=n * self.bytes_per_token)
-            r.kv = [a[b:b + 1, :, :n].copy() for a in kv]
-            r.length = r.prefilled = n
-            self._prefilling.remove(r)
-            r.t_first = now
-            self._emit(r, self._sample(r, self._row_logits(logits, b, n - 1), r.prompt))
-            if not r.done:
-                self._decoding.append(r)
-        self._set_kv_bytes()
 
-    def _capacity(self, req: _Request) -> int:
-        return min(len(req.prompt) + req.params.max_new_tokens, self.context)
 
-    def _rebuild_batch(self) -> None:
-        """Gather the decoding requests' caches into one right-padded buffer with
-        room for every request's remaining tokens."""
-        reqs = list(self._decoding)
-        length = max(self._capacity(r) for r in reqs)
-        own = reqs[0].kv
-        if (len(reqs) == 1 and not self._batch and own is not None and own[0].shape[0] == 1
-                and own[0].shape[2] >= length):
-            # alone, its own prefill cache has room for all its tokens: no copy
-            self._batch, self._batch_kv, reqs[0].kv = reqs, own, None
-            return
-        new = self._empty_kv(len(reqs), length)
-        old_rows = {id(r): b for b, r in enumerate(self._batch)}
-        for b, r in enumerate(reqs):
-            for j in range(len(new)):
-                if id(r) in old_rows and self._batch_kv is not None:
-                    src = self._batch_kv[j][old_rows[id(r)], :, :r.length]
-                else:
-                    src = r.kv[j][0, :, :r.length]
-                new[j][b, :, :r.length] = src
-            r.kv = None
-        self._batch = reqs
-        self._batch_kv = new
 
-    async def _decode_step(self) -> None:
-        t0 = time.perf_counter()
-        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
-            self._rebuild_batch()
-            self._set_kv_bytes()
-        reqs = self._batch
-        length = max(r.length for r in reqs)
-        ids = np.asarray([[r.pending] for r in reqs], np.int64)
-        mask = np.zeros((len(reqs), length + 1), np.int64)
-        for b, r in enumerate(reqs):
-            mask[b, :r.length + 1] = 1
-        logits, kv = await self._model(self._feeds(ids, mask, self._batch_kv))
-        self._batch_kv = kv
-        self._steps += 1
-        self._hist[len(reqs)] = self._hist.get(len(reqs), 0) + 1
-        for b, r in enumerate(reqs):
-            r.length += 1
-            if r.cancelled:
-                continue
-            self._emit(r, self._sample(r, logits[b, -1], r.prompt + r.generated))
-            self._decode_tokens += 1
-        self._set_kv_bytes()
-        self._decode_time += time.perf_counter() - t0
 
-    async def _decode_run(self) -> None:
-        """Up to :attr:`decode_run_steps` decode steps of an unchanged batch
-        back to back in the provider's worker thread (:meth:`Session.run_many`),
-        sampling there: no event-loop round trip per token. Each step's tokens
-        reach the event loop at once (``run_sync_soon``), which emits them as
-        :meth:`_decode_step` does. The run ends after a step in which a
-        request finished (EOS, length, a sampling error), and before the next
-        step once a request was finished, cancelled or a new one arrived
-        (flags read in the worker thread), so streams see every token as soon
-        as it is sampled and a cancel takes effect within a step."""
-        t0 = time.perf_counter()
-        if [id(r) for r in self._batch] != [id(r) for r in self._decoding]:
-            self._rebuild_batch()
-            self._set_kv_bytes()
-        reqs = self._batch
-        # worker-side state: the event loop owns the requests' own fields
-        history = [r.prompt + r.generated for r in reqs]
-        lengths = [r.length for r in reqs]
-        counts = [len(r.generated) for r in reqs]
-        pending = [r.pending for r in reqs]
-        state = {"kv": self._batch_kv, "steps": 0, "outs": None}
-        token = trio.lowlevel.current_trio_token()
-        limit = self.decode_run_steps
-        # greedy without a repetition penalty: the sampler's argmax, called directly
-        argmax = [r.params.plain_argmax for r in reqs]
-        # the attention mask of every step of the run, row b ones up to its
-        # length + 1 (each step sets one more column per row)
-        masks = np.zeros((len(reqs), max(lengths) + limit + 1), np.int64)
-        for b, n in enumerate(lengths):
-            masks[b, :n + 1] = 1
-        # a step's one position a row, where the model takes logits_positions
-        positions = {LOGITS_POSITIONS: np.zeros((len(reqs), 1, 1), np.int64)
-                     } if self._positions else {}
-        eos, context = self.eos, self.context
-        interval = self.stream_interval_s
-        unsent: list = []  # steps sampled, not yet handed to the event loop
-        last_sent = [time.perf_counter()]
-        self._interrupt = False
 
-        def hand_over() -> None:
-            token.run_sync_soon(self._emit_steps, list(unsent))
-            unsent.clear()
-            last_sent[0] = time.perf_counter()
 
-        # the next step's token ids: one buffer written each step (a run
-        # reads it only while it runs)
-        ids_buf = np.empty((len(reqs), 1), np.int64)
-        at_logits = self._split_index()[0]
-        carry = dict(zip(self._kv_names, self._present_names))
 
-        def next_feeds(outs: list | None) -> dict | None:
-            if outs is not None:
-                logits = outs[at_logits]
-                state["outs"] = outs  # the KV cache after the last step
-                state["steps"] += 1
-                tokens: list = []
-                finished = False
-                one_row = logits.shape[0] == 1 and logits.shape[1] == 1
-                for b, r in enumerate(reqs):
-                    lengths[b] += 1
-                    masks[b, lengths[b]] = 1
-                    if r.cancelled or r.done:
-                        tokens.append(None)
-                        continue
-                    try:
-                        tid = ((int(logits.argmax()) if one_row else int(logits[b, -1].argmax()))
-                               if argmax[b] else r.sampler(logits[b, -1], history[b]))
-                    except Exception as exc:  # noqa: BLE001 - fails only this request
-                        tokens.append(exc)
-                        finished = True
-                        continue
-                    tokens.append(tid)
-                    history[b].append(tid)
-                    counts[b] += 1
-                    pending[b] = tid
-                    if ((tid in eos and not r.params.ignore_eos)
-                            or counts[b] >= r.params.max_new_tokens
-                            or lengths[b] + 1 >= context):
-                        finished = True
-                unsent.append((reqs, tokens, list(lengths)))
-                if finished:
-                    hand_over()
-                    return None
-                if time.perf_counter() - last_sent[0] >= interval:
-                    hand_over()
-            if (self._interrupt or state["steps"] >= limit
-                    or any(r.cancelled or r.done for r in reqs)):
-                if unsent:
-                    hand_over()
-                return None
-            ids = ids_buf
-            for b, p in enumerate(pending):
-                ids[b, 0] = p
-            mask = masks[:, :max(lengths) + 1]
-            if len(reqs) > 1:
-                mask = np.ascontiguousarray(mask)
-            if outs is None:
-                return self._feeds(ids, mask, state["kv"])
-            # the KV cache: the last step's present outputs (carried)
-            return {"input_ids": ids, "attention_mask": mask, **positions}
 
-        self._decode_mark = t0
-        await self.session.run_many(next_feeds, donate=self._kv_names, carry=carry)
-        if state["outs"] is not None:
-            state["kv"] = self._split_outputs(state["outs"])[1]
-        # every step's tokens were handed over (and counted) before this:
-        # run_sync_soon is FIFO
-        if self._batch is reqs:
-            self._batch_kv = state["kv"]
-        self._set_kv_bytes()
-        self._decode_time += time.perf_counter() - self._decode_mark
 
-    def _emit_steps(self, steps: list[tuple]) -> None:
-        """Steps of a decode run, on the event loop: per step ``(requests,
-        tokens, lengths)``, each request's token (None: skipped; an exception:
-        its sampling failed) and KV length after the step."""
-        for reqs, tokens, lengths in steps:
-            self._emit_step(reqs, tokens, lengths)
-            self._steps += 1
-            self._hist[len(reqs)] = self._hist.get(len(reqs), 0) + 1
-        # decode time counted up to the tokens counted: statistics read by a
-        # caller whose last token just arrived (the run still going) agree
-        now = time.perf_counter()
-        self._decode_time += now - self._decode_mark
-        self._decode_mark = now
 
-    def _emit_step(self, reqs: list[_Request], tokens: list, lengths: list[int]) -> None:
-        for r, tid, n in zip(reqs, tokens, lengths):
-            r.length = n
-            if tid is None or r.done:
-                continue
-            if isinstance(tid, BaseException):
-                self._fail(r, GenerationError(f"sampling the next token failed: "
-                                              f"{type(tid).__name__}: {tid}"))
-                continue
-            self._emit(r, tid)
-            self._decode_tokens += 1
 
     def _split_index(self) -> tuple[int, list[int]]:
         """Positions of ``logits`` and of each layer's present key and value
@@ -949,6 +465,7 @@ class Engine:
         req.done = True
         self._completed += 1
         req.kv = None
+        self._free_blocks(req)
         deliver()
         req.send.close()
         if req in self._prefilling:
@@ -1028,7 +545,9 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 providers: Sequence[Any] | None = None,
                 options: SessionOptions | None = None,
                 home: str | Path | None = None,
-                accuracy_level: int = 4) -> AsyncContextManager[Engine]:
+                accuracy_level: int = 4,
+                kv_layout: str = "paged",
+                prefix_caching: bool = True) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -1062,6 +581,18 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             of CPython's LICENSE.txt 5.830 vs 5.811 at level 0, +0.34 %;
             ``benchmarks/perplexity.py``); 0 keeps them float32 (the logits
             match onnxruntime on the same file to 1e-3).
+        kv_layout: ``"paged"`` (the default): one block-paged KV cache
+            (:mod:`actorrt.genai.kv_cache`; a join or leave touches only that
+            request's blocks, memory grows with the tokens held);
+            ``"contiguous"``: each request's own buffer, gathered into one
+            right-padded batch buffer whenever the batch changes (the previous
+            engine, kept for comparison). Sessions on other providers than
+            the CPU use the contiguous layout.
+        prefix_caching: with the paged layout, requests whose tokens start
+            with full blocks another prompt computed take those blocks and
+            prefill only the rest (``statistics().prefix_hits`` and
+            ``prefix_tokens_skipped``); unused cached blocks are evicted,
+            least recently used first, when blocks run out.
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
@@ -1071,18 +602,23 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     """
     if options is not None:
         options = SessionOptions.check(options)
+    if kv_layout not in ("paged", "contiguous"):
+        raise InvalidArgumentError("unknown kv_layout", expected='"paged" or "contiguous"',
+                                   got=repr(kv_layout))
     return UnwrapGroups(_open_engine(model, max_batch=max_batch,
                                      kv_budget_bytes=kv_budget_bytes,
                                      prefill_chunk=prefill_chunk, providers=providers,
                                      options=options, home=home,
-                                     accuracy_level=accuracy_level))
+                                     accuracy_level=accuracy_level, kv_layout=kv_layout,
+                                     prefix_caching=prefix_caching))
 
 
 @asynccontextmanager
 async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: int | None,
                        prefill_chunk: int, providers: Sequence[Any] | None,
                        options: SessionOptions | None, home: str | Path | None,
-                       accuracy_level: int) -> AsyncIterator[Engine]:
+                       accuracy_level: int, kv_layout: str,
+                       prefix_caching: bool = True) -> AsyncIterator[Engine]:
     from .models import model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -1102,8 +638,11 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
     path = await trio.to_thread.run_sync(
         functools.partial(model_file, folder, accuracy_level, last_logits=True))
     async with open_session(path, providers, options) as session:
+        if any(p.name != "cpu" for p in session._providers):
+            kv_layout = "contiguous"  # the paged kernels are the CPU provider's
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
-                        kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk)
+                        kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
+                        kv_layout=kv_layout, prefix_caching=prefix_caching)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(engine._loop)
             try:

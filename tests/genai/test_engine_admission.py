@@ -206,10 +206,13 @@ def test_a_prefill_cancelled_halfway_frees_its_cache_at_once(model_dir):
 
 def test_budget_counts_the_padded_batch_for_admission(model_dir):
     """Two requests that fit the budget one at a time but not padded together
-    run one after the other (FIFO), not side by side."""
+    run one after the other (FIFO), not side by side (the contiguous layout:
+    the paged cache admits by blocks held and preempts instead, see
+    tests/genai/test_kv_cache.py)."""
     async def main():
         budget = 2 * 40 * BYTES_PER_TOKEN
-        async with open_engine(model_dir, kv_budget_bytes=budget) as engine:
+        async with open_engine(model_dir, kv_budget_bytes=budget,
+                               kv_layout="contiguous") as engine:
             # each alone: (5 + 30) + 5 tokens; together 2 x 2 rows x 35
             order, seen = [], []
 
@@ -247,6 +250,7 @@ def test_the_kv_need_bounds_what_serving_the_set_allocates():
         bytes_per_token = 10
         context = 100
         _capacity = Engine._capacity
+        _cache = None  # kv_layout="contiguous"
 
     def req(n, new):
         return _Request(list(range(n)), SamplingParams(max_new_tokens=new), None, None)
@@ -258,6 +262,15 @@ def test_the_kv_need_bounds_what_serving_the_set_allocates():
     assert Engine._kv_need(fake, [b]) == (100 + 50) * 10  # capacity capped by the context
     assert Engine._kv_need(fake, [a, b]) == 2 * 2 * 100 * 10
     assert Engine._kv_need(fake, [a, a, a]) == 2 * 3 * 25 * 10
+    # a paged cache: each request its capacity in blocks, nothing doubled
+
+    class Blocks:
+        block_size, block_bytes = 16, 16 * 10
+
+    fake._cache = Blocks()
+    assert Engine._kv_need(fake, [a]) == 2 * 160  # 25 tokens: 2 blocks
+    assert Engine._kv_need(fake, [a, b]) == (2 + 7) * 160  # 100 tokens: 7 blocks
+    assert Engine._kv_need(fake, [a, a, a]) == 3 * 2 * 160
 
 
 def test_kv_room_is_the_budget_or_what_the_limit_leaves():

@@ -21,6 +21,12 @@ Map (every module is private to this package and the CPU provider):
   parallel region's stage program and the stack's region over many layers.
 * :mod:`._prologue` -- input-prologue fusions (mask lengths, quantized
   embedding gather).
+* :mod:`.paged` -- the public hook of a block-paged KV cache: the pool array
+  type and the block table the attention kernels read
+  (:mod:`actorrt.genai.kv_cache` owns the cache).
+* :mod:`._paged_kernels` -- attention through a block table (the stack's
+  attention stage, GroupQueryAttention's paged path); :mod:`._paged_block`
+  -- the float32 decoder block on a paged cache.
 
 Nothing is imported here: the kernels register when :mod:`..contrib` imports
 them (the CPU provider's package imports every public op module).

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
+from . import _paged_kernels as _pk
 
 #: a projection splits over the threads from this many multiply-adds (M x N x K)
 PARALLEL_MIN_WORK = 1 << 16
@@ -253,8 +254,10 @@ if _i8.HAVE_INT8_DOT:
                 rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                 uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                 yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-                ctr, cw, nw, nd, parts, pf, pa, spans):  # pragma: no cover - compiled
-        # (flat arguments: a parallel region takes arrays and scalars only)
+                ctr, cw, nw, nd, parts, pf, pa, spans, bt):  # pragma: no cover - compiled
+        # (flat arguments: a parallel region takes arrays and scalars only;
+        # bt: a paged cache's block table (_paged_kernels), pk/pv its pools,
+        # or (0, 1) for a contiguous cache)
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
         none = (nw, nd, nd)
@@ -292,6 +295,7 @@ if _i8.HAVE_INT8_DOT:
         sc = np.empty((g, t_max), np.float32)
         mx = np.empty(g, np.float32)
         den = np.empty(g, np.float32)
+        paged = bt.shape[0] > 0
         while True:
             c = _claim(ctr, 2)
             if c >= units:
@@ -301,9 +305,18 @@ if _i8.HAVE_INT8_DOT:
             b = pr // kv_heads
             kh = pr % kv_heads
             if k == spans - 1:
-                _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b,
-                                 kh, d, s_len, r2, koff, voff, copy_past, rotary, interleaved)
-            if spans == 1:
+                if paged:
+                    _pk.append_paged(key, value, pk, pv, bt, cos, sin, pos, past, tot, b, kh,
+                                     d, s_len, r2, koff, voff, rotary, interleaved)
+                else:
+                    _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past,
+                                     b, kh, d, s_len, r2, koff, voff, copy_past, rotary,
+                                     interleaved)
+            if spans == 1 and paged:
+                _pk.attend_group_paged(query, pk, pv, bt, cos, sin, pos, past, tot, b, kh, g, d,
+                                       s_len, r2, rotary, interleaved, alpha, window, qg, acc,
+                                       sc, mx, den, attn)
+            elif spans == 1:
                 _nb._attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len,
                                   r2, rotary, interleaved, alpha, window, qg, acc, sc, mx, den,
                                   attn)
@@ -313,7 +326,11 @@ if _i8.HAVE_INT8_DOT:
                 a0 = lo + (k * (hi - lo)) // spans
                 a1 = lo + ((k + 1) * (hi - lo)) // spans
                 part = pa[c]
-                if a1 > a0:
+                if a1 > a0 and paged:
+                    _pk.attend_span_paged(query, pk, pv, bt, cos, sin, pos, b, kh, g, d, r2,
+                                          rotary, interleaved, alpha, a0, a1, qg, sc, mx, den,
+                                          part)
+                elif a1 > a0:
                     _nb._attend_span(query, pk, pv, cos, sin, pos, b, kh, g, d, r2, rotary,
                                      interleaved, alpha, a0, a1, qg, sc, mx, den, part)
                 else:  # an empty span weighs nothing in the merge
@@ -382,14 +399,14 @@ if _i8.HAVE_INT8_DOT:
                rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
                uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq, ys, yx,
                yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down, y3, res3, inv,
-               ctr, cw, nw, nd, threads, parts, pf, pa, spans):  # pragma: no cover - compiled
+               ctr, cw, nw, nd, threads, parts, pf, pa, spans, bt):  # pragma: no cover - compiled
         for _ in prange(threads):
             _program(x, res, qw, qd, qz, kw, kd, kz, vw, vd, vz, oq, ok, ov, packed, past_k,
                     past_v, pk, pv, cos, sin, pos, past, tot, t_max, heads, kv_heads,
                     copy_past, rotary, interleaved, alpha, window, ow, od, oz, g2, eps2, gw,
                     gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu, aq, as_, ax,
                     at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate,
-                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts, pf, pa, spans)
+                    up, down, y3, res3, inv, ctr, cw, nw, nd, parts, pf, pa, spans, bt)
 
 
     @njit(nogil=True, cache=True)
@@ -454,7 +471,8 @@ if _i8.HAVE_INT8_DOT:
                t_max, heads, kv_heads, copy_past, rotary, interleaved, alpha, window, ow, od,
                oz, g2, eps2, gw, gd, gz, uw, ud, uz, dw, dd, dz, g3, eps3, hq, hs, hx, ht, hu,
                aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2,
-               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts, pf, pa, spans)
+               gate, up, down, y3, res3, inv, ctr, cw, nw, nd, threads, parts, pf, pa, spans,
+               np.zeros((0, 1), np.int32))
         return 0, y3.reshape(bsz, s_len, hidden), res3.reshape(bsz, s_len, hidden), spans
 
 
@@ -488,7 +506,8 @@ if _i8.HAVE_INT8_DOT:
                       interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at, au, yq,
                       ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up, down,
                       inv, ctrs, cw, nw, nd, threads, parts, pf, pa, spans, hw, hd, hz, head,
-                      logits, head_rows, hsrc, gq, gs, gx, gt, gu):  # pragma: no cover - compiled
+                      logits, head_rows, hsrc, gq, gs, gx, gt, gu,
+                      bt):  # pragma: no cover - compiled
         for _ in prange(threads):
             n_layers = wt.shape[0]
             for l in range(n_layers):
@@ -508,7 +527,7 @@ if _i8.HAVE_INT8_DOT:
                          _at(a[19], dd), _at(a[20], dz), g3s[l], eps3s[l], hq, hs, hx, ht, hu,
                          aq, as_, ax, at, au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o,
                          y2, res2, gate, up, down, x, res, inv, ctrs[l], cw, nw, nd, parts, pf, pa,
-                         spans)
+                         spans, bt)
             if head:  # the LM head on the last layer's output, counters of its own
                 hc = ctrs[n_layers]
                 if head_rows.shape[0]:  # the rows it reads, gathered into hsrc
@@ -530,19 +549,24 @@ if _i8.HAVE_INT8_DOT:
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
                       cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
                       window, threads, cw, parts, pf, span_units, span_rows, hw, hd, hz,
-                      head, head_rows):  # pragma: no cover - compiled
+                      head, head_rows, bt):  # pragma: no cover - compiled
         # kvt: (layers, 2) addresses of each layer's key and value buffers,
         # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
         # (the caller checked them: see _kv_table). head: also the LM head,
         # an int8 MatMulNBits (hw, hd, hz: its prepacked weight, K = hidden),
         # on the last layer's output, into the returned (B * S, N) logits;
-        # with head_rows (int64, not empty), on those rows of it only: (R, N)
+        # with head_rows (int64, not empty), on those rows of it only: (R, N).
+        # bt (B, W) not empty: the buffers are a paged cache's pools (blocks,
+        # KVH, block size, D) read and written through that block table
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         n_layers = wt.shape[0]
+        paged = bt.shape[0] > 0
+        cap = bt.shape[1] * kv0.shape[2] if paged else kv0.shape[2]
         status, past, tot, pos, t_max = _nb._gqa_lengths(
-            seqlens, total, bsz, s_len, kv0.shape[2], False, kv0.shape[2], pos_ids, False,
-            rotary, cos.shape[0])
+            seqlens, total, bsz, s_len, cap, False, cap, pos_ids, False, rotary, cos.shape[0])
+        if status == 0 and paged:
+            status = _pk.check_table(bt, tot, kv0.shape[0], kv0.shape[2])
         if status != 0:  # nothing was written
             return status, h, res, 1, np.empty((0, 0), np.float32)
         nq = qw.shape[0]
@@ -566,7 +590,7 @@ if _i8.HAVE_INT8_DOT:
                       rotary, interleaved, alpha, window, hq, hs, hx, ht, hu, aq, as_, ax, at,
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
                       down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans, hw,
-                      hd, hz, head, logits, head_rows, hsrc, gq, gs, gx, gt, gu)
+                      hd, hz, head, logits, head_rows, hsrc, gq, gs, gx, gt, gu, bt)
         return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans, logits
 
 

@@ -27,6 +27,7 @@ from .... import tracing
 from ..._contract import Kernel, NodeSpec, deny, require
 from actorrt._lazy import lazy_module
 from ..registry import cpu_kernel
+from .paged import is_paged
 
 _nb = lazy_module(f"{__package__}._contrib_numba", globals(), "_nb")  # numba on first use
 
@@ -289,6 +290,72 @@ class GroupQueryAttention(Kernel):
 
         return prep
 
+    def _run_paged(self, query, key, value, past_key, past_value, seqlens_k,
+                   total_sequence_length, cos_cache, sin_cache, position_ids, attention_bias,
+                   head_sink):
+        """past_key/past_value are a paged cache's pools (:mod:`.paged`): the
+        new keys and values are written into their blocks and attention reads
+        through the block table (:func:`._paged_kernels.gqa_paged`); the
+        present outputs are the pools.
+
+        Raises:
+            ValueError: what the paged path does not serve (no numba, softcap,
+                smooth softmax, an attention bias or sink, a dtype other than
+                float32, pools of another cache or shape, a block table that
+                does not hold the lengths).
+        """
+        from . import _paged_kernels as _pk
+        from .paged import table_of
+
+        h, kvh = self.h, self.kvh
+        if (not self.fused or not _pk.HAVE_PAGED or self.softcap > 0.0 or self.smooth
+                or attention_bias is not None or head_sink is not None):
+            raise ValueError("GroupQueryAttention: a paged KV cache needs the numba kernel "
+                             "without softcap, smooth softmax, attention bias or head sink")
+        if query is None or query.ndim != 3 or query.dtype != np.float32 or any(
+                x is not None and x.dtype != np.float32 for x in (key, value)):
+            raise ValueError("GroupQueryAttention: a paged KV cache takes float32 "
+                             "query/key/value (B, S, width)")
+        bsz, s, width = query.shape
+        table = table_of((past_key, past_value), bsz)
+        packed = key is None
+        d = width // (h + 2 * kvh) if packed else width // h
+        if (table is None or past_key.shape[1] != kvh or past_key.shape[3] != d
+                or (not packed and (key.shape != (bsz, s, kvh * d) or value.shape != key.shape))):
+            raise ValueError(f"GroupQueryAttention: past_key/past_value must be one paged "
+                             f"cache's writeable float32 pools (blocks, KVH={kvh}, block size, "
+                             f"D={d}) with a block table of {bsz} rows; got "
+                             f"{past_key.shape} and {np.shape(past_value)}")
+        seqlens, total = _lengths(seqlens_k, total_sequence_length, bsz, s)
+        cos = sin = pos = None
+        if self.do_rotary:
+            cs, sn = np.shape(cos_cache), np.shape(sin_cache)
+            if len(cs) != 2 or sn != cs or not 0 < 2 * cs[1] <= d:
+                raise ValueError(f"GroupQueryAttention: cos_cache/sin_cache must be "
+                                 f"(positions, rotary_dim/2 <= {d // 2}), got {cs} and {sn}")
+            cos = np.ascontiguousarray(_f32(cos_cache), np.float32)
+            sin = np.ascontiguousarray(_f32(sin_cache), np.float32)
+            if position_ids is not None:
+                pos = np.ascontiguousarray(np.asarray(position_ids, np.int64).reshape(bsz, s))
+        y, status = _pk.gqa_paged(
+            query, key, value, past_key, past_value, table, seqlens, total, cos, sin, pos,
+            num_heads=h, kv_num_heads=kvh,
+            alpha=self.scale if self.scale != 0.0 else 1.0 / math.sqrt(d), window=self.window,
+            interleaved=self.interleaved)
+        if status == 1:
+            raise ValueError(f"GroupQueryAttention: seqlens_k {seqlens.tolist()} do not fit "
+                             f"the block table's {table.shape[1]} blocks of "
+                             f"{past_key.shape[2]} positions")
+        if status == 3:
+            raise ValueError(f"GroupQueryAttention: rotary positions exceed cos_cache "
+                             f"({cos.shape[0]} rows)")
+        if status:
+            raise ValueError(f"GroupQueryAttention: the block table names blocks outside the "
+                             f"pool of {past_key.shape[0]} blocks for seqlens_k "
+                             f"{seqlens.tolist()}")
+        tracing.kernel_variant("attention", "numba-paged", "float32, block table")
+        return y, past_key, past_value
+
     def compile(self):
         """With numba, no softcap and no smooth softmax: a closure for the decode
         and prefill hot path (float32 query/key/value, separate or packed, a
@@ -310,6 +377,8 @@ class GroupQueryAttention(Kernel):
                                   sin_cache=None, *more):
             args = (query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     cos_cache, sin_cache, *more)
+            if type(past_key) is not np.ndarray and is_paged(past_key):
+                return run(*args)  # a paged cache (.paged): _run_paged
             packed = key is None and value is None
             if ((not packed and (key is None or value is None or key.dtype != f32
                                  or value.dtype != f32))
@@ -342,6 +411,10 @@ class GroupQueryAttention(Kernel):
             total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
             attention_bias=None, head_sink=None, *unused):
         f32 = np.float32
+        if is_paged(past_key) or is_paged(past_value):
+            return self._run_paged(query, key, value, past_key, past_value, seqlens_k,
+                                   total_sequence_length, cos_cache, sin_cache, position_ids,
+                                   attention_bias, head_sink)
         if (self.fused and attention_bias is None and head_sink is None and not self.smooth
                 and self.softcap <= 0.0 and query.dtype == f32
                 and all(x is None or x.dtype == f32 for x in (key, value, past_key, past_value))):

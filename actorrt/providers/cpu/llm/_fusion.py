@@ -60,6 +60,8 @@ from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 from . import _block_kernels as _bk
 from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
+from ._paged_block import f32_block_runner
+from .paged import is_paged, paged_lengths, table_of
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
            "FUSED_OP", "STACK_OP", "FUSED_DOMAIN"]
@@ -293,7 +295,7 @@ class DecoderBlock(Kernel):
                     kv_heads=kv_heads, rotary=gqa.do_rotary, window=gqa.window,
                     interleaved=gqa.interleaved, g2=g2, g3=g3, eps2=np.float32(mt["eps2"]),
                     eps3=np.float32(mt["eps3"]), prep=mt["prep"], blocks=mt["blocks"],
-                    variant=mt["variant"])
+                    variant=mt["variant"], scale=gqa.scale)
 
     def compile(self) -> Callable:
         st = self.statics()
@@ -314,6 +316,9 @@ class DecoderBlock(Kernel):
         region = name != "f32"
         blocks = st["blocks"]
         d = width // (heads + 2 * kv_heads) if packed else width // heads
+        # a paged cache (.paged): the float32 block attends through its block
+        # table; an int8 block alone runs its original kernels on one
+        paged = f32_block_runner(st, fallback) if not region else fallback
 
         def decoder_block(h, residual, past_key, past_value, seqlens_k, total_sequence_length,
                           cos_cache=None, sin_cache=None):
@@ -322,6 +327,9 @@ class DecoderBlock(Kernel):
                     or not residual.flags.c_contiguous):
                 return fallback(h, residual, past_key, past_value, seqlens_k,
                                 total_sequence_length, cos_cache, sin_cache)
+            if type(past_key) is not np.ndarray and is_paged(past_key):
+                return (paged or fallback)(h, residual, past_key, past_value, seqlens_k,
+                                           total_sequence_length, cos_cache, sin_cache)
             bsz, s = h.shape[0], h.shape[1]
             ready = prep(bsz, s, width, packed, past_key, past_value, seqlens_k,
                          total_sequence_length, cos_cache, sin_cache)
@@ -471,6 +479,9 @@ class DecoderStack(Kernel):
                      else (templates[0][:0], templates[1][:0], templates[1][:0], False))
         n_vocab = hp.n if in_region else 0
         no_rows = _NO_ROWS
+        no_table = _NO_TABLE
+        scale = s0["scale"]
+        head_dim = width // (heads + 2 * kv_heads) if packed else width // heads
         # (weak references to the KV buffers last checked, their address
         # table): a finished request's cache is not kept alive
         checked: list = [None]
@@ -491,11 +502,21 @@ class DecoderStack(Kernel):
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, full)
             bsz, s = h.shape[0], h.shape[1]
-            ready = prep(bsz, s, width, packed, kv[0], kv[1], seqlens_k, total_sequence_length,
-                         cos_cache, sin_cache)
-            if ready is None or ready[2] or ready[0] is not kv[0]:
-                return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
-                             sin_cache, full)
+            bt = no_table
+            if type(kv[0]) is not np.ndarray and is_paged(kv[0]):  # a paged cache (.paged)
+                bt = table_of(kv, bsz)
+                ready = None if bt is None else paged_lengths(
+                    seqlens_k, total_sequence_length, bsz, s, cos_cache, sin_cache, rotary,
+                    kv_heads, head_dim, scale)
+                if ready is None:  # the blocks' attention names the problem
+                    return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
+                                 sin_cache, full)
+            else:
+                ready = prep(bsz, s, width, packed, kv[0], kv[1], seqlens_k,
+                             total_sequence_length, cos_cache, sin_cache)
+                if ready is None or ready[2] or ready[0] is not kv[0]:
+                    return chain(fns, h, residual, seqlens_k, total_sequence_length,
+                                 cos_cache, sin_cache, full)
             known = checked[0]  # one read: another thread may replace it
             if known is None or any(w() is not a for w, a in zip(known[0], kv)):
                 kvt = _kv_table(kv)  # every layer's buffers like layer 0's, or None
@@ -510,7 +531,7 @@ class DecoderStack(Kernel):
                 kv[0], seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows)
+                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows, bt)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, full)
@@ -528,6 +549,7 @@ class DecoderStack(Kernel):
 
 
 _NO_ROWS = np.zeros(0, np.int64)  # the head reads every row
+_NO_TABLE = np.zeros((0, 1), np.int32)  # a contiguous KV cache
 
 
 def _head_rows(idx: Any, h: np.ndarray) -> np.ndarray | None:

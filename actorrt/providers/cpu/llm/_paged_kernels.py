@@ -1,0 +1,239 @@
+"""Attention over a block-paged KV cache (:mod:`.paged`): the numba pieces
+the fused decoder stack's attention stage calls (:mod:`._block_kernels`)
+and GroupQueryAttention's paged entry point (:func:`gqa_paged`).
+
+Pools are ``(num_blocks, kv_heads, block_size, head_dim)`` float32; ``bt``
+is the int32 ``(batch, max_blocks)`` block table. Each function is the
+contiguous kernel of :mod:`._contrib_numba` (``_append_pair``,
+``_attend_rows``, ``_attend_group``, ``_attend_span``) with every row read
+or written through the table, walking a block at a time, in the same
+order and with the same arithmetic: a paged run's results equal the
+contiguous cache's bit for bit. A contiguous ``(B, KVH, L, D)`` buffer is
+itself such a pool (B blocks of L rows, the table ``arange(B)[:, None]``),
+which the tests use to check one against the other.
+
+Scratch: the scores of one (batch row, KV head) pair's query heads over
+the attended rows, ``(g, t_max)`` float32 per thread (3 x 4,096 x 4 B =
+48 KiB for SmolLM2 at 4,096 positions): never sequence x sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _contrib_numba as _nb
+
+__all__ = ["HAVE_PAGED", "gqa_paged"]
+
+HAVE_PAGED = _nb.HAVE_NUMBA
+
+if HAVE_PAGED:
+    from numba import njit, prange
+
+    _rotate, _expf = _nb._rotate, _nb._expf
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d, s_len,
+                     r2, koff, voff, rotary, interleaved):  # pragma: no cover - compiled
+        # KV head kh of batch row b: rotate the new keys, write them and the
+        # values at positions P_b + s < T_b (a batched prompt's padding rows
+        # have no block and are not written)
+        bs = kpool.shape[2]
+        for s in range(s_len):
+            t = past[b] + s
+            if t >= tot[b]:
+                break
+            j = t // bs
+            o = t - j * bs
+            blk = bt[b, j]
+            row = kpool[blk, kh, o]
+            vrow = vpool[blk, kh, o]
+            for e in range(d):
+                row[e] = key[b, s, koff + kh * d + e]
+                vrow[e] = value[b, s, voff + kh * d + e]
+            if rotary:
+                _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def rows_paged(qg, kpool, vpool, bt, b, kh, g, d, alpha, lo, hi, sc, mx, den,
+                   acc):  # pragma: no cover - compiled
+        # _nb._attend_rows over rows [lo, hi) of batch row b read through bt
+        bs = kpool.shape[2]
+        for i in range(g):
+            mx[i] = np.float32(-np.inf)
+        t = lo
+        while t < hi:
+            j = t // bs
+            o0 = t - j * bs
+            n = min(bs - o0, hi - t)
+            kb = kpool[bt[b, j], kh]
+            for r in range(n):
+                kr = kb[o0 + r]
+                for i in range(g):
+                    qi = qg[i]
+                    dot = np.float32(0.0)
+                    for e in range(d):
+                        dot += qi[e] * kr[e]
+                    dot *= alpha
+                    sc[i, t + r - lo] = dot
+                    mx[i] = max(mx[i], dot)
+            t += n
+        for i in range(g):
+            m_i = mx[i]
+            tot_e = np.float32(0.0)
+            for t in range(hi - lo):
+                e = _expf(sc[i, t] - m_i)
+                sc[i, t] = e
+                tot_e += e
+            den[i] = tot_e
+        t = lo
+        while t < hi:
+            j = t // bs
+            o0 = t - j * bs
+            n = min(bs - o0, hi - t)
+            vb = vpool[bt[b, j], kh]
+            for r in range(n):
+                vr = vb[o0 + r]
+                for i in range(g):
+                    w = sc[i, t + r - lo]
+                    ai = acc[i]
+                    for e in range(d):
+                        ai[e] += w * vr[e]
+            t += n
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def attend_group_paged(query, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, g, d,
+                           s_len, r2, rotary, interleaved, alpha, window, qg, acc, sc, mx, den,
+                           out):  # pragma: no cover - compiled
+        # _nb._attend_group through the block table
+        for s in range(s_len):
+            for i in range(g):
+                hh = kh * g + i
+                for e in range(d):
+                    qg[i, e] = query[b, s, hh * d + e]
+                if rotary:
+                    _rotate(qg[i], cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+            causal = past[b] + s + 1
+            hi = min(causal, tot[b])
+            lo = max(0, causal - window) if window > 0 else 0
+            for i in range(g):
+                for e in range(d):
+                    acc[i, e] = 0.0
+            if hi > lo:
+                rows_paged(qg, kpool, vpool, bt, b, kh, g, d, alpha, lo, hi, sc, mx, den, acc)
+                for i in range(g):
+                    w = np.float32(1.0) / den[i]
+                    for e in range(d):
+                        acc[i, e] *= w
+            for i in range(g):
+                hh = kh * g + i
+                for e in range(d):
+                    out[b, s, hh * d + e] = acc[i, e]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def attend_span_paged(query, kpool, vpool, bt, cos, sin, pos, b, kh, g, d, r2, rotary,
+                          interleaved, alpha, lo, hi, qg, sc, mx, den,
+                          part):  # pragma: no cover - compiled
+        # _nb._attend_span (one span of a decode step's attention, for
+        # _nb._merge_spans) through the block table
+        p = pos[b, 0]
+        for i in range(g):
+            hh = kh * g + i
+            for e in range(d):
+                qg[i, e] = query[b, 0, hh * d + e]
+                part[i, e] = 0.0
+            if rotary:
+                _rotate(qg[i], cos[p], sin[p], r2, interleaved)
+        rows_paged(qg, kpool, vpool, bt, b, kh, g, d, alpha, lo, hi, sc, mx, den, part)
+        for i in range(g):
+            part[i, d] = mx[i]
+            part[i, d + 1] = den[i]
+
+    @njit(nogil=True, cache=True)
+    def check_table(bt, tot, n_blocks, block_size):  # pragma: no cover - compiled
+        # 0 when every position [0, T_b) of every row has a block in range
+        # (and the table has a row per batch row), else 5
+        if bt.shape[0] != tot.shape[0]:
+            return 5
+        for b in range(tot.shape[0]):
+            need = (tot[b] + block_size - 1) // block_size
+            if need > bt.shape[1]:
+                return 5
+            for j in range(need):
+                if bt[b, j] < 0 or bt[b, j] >= n_blocks:
+                    return 5
+        return 0
+
+    def _gqa_paged_body(query, key, value, kpool, vpool, bt, seqlens, total, cos, sin,
+                        pos_ids, h, kvh, packed, rotary, has_pos, interleaved, alpha, window,
+                        out, chunks):  # pragma: no cover - compiled
+        # _nb._gqa_body on a paged cache
+        bsz, s_len, width = query.shape
+        d = width // (h + 2 * kvh) if packed else width // h
+        g = h // kvh
+        r2 = cos.shape[1]
+        bs = kpool.shape[2]
+        status, past, tot, pos, t_max = _nb._gqa_lengths(
+            seqlens, total, bsz, s_len, bt.shape[1] * bs, False, 0, pos_ids, has_pos, rotary,
+            cos.shape[0])
+        if status != 0:
+            return status
+        if check_table(bt, tot, kpool.shape[0], bs) != 0:
+            return 5
+        koff = h * d if packed else 0
+        voff = (h + kvh) * d if packed else 0
+        for b in range(bsz):
+            for kh in range(kvh):
+                append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d,
+                             s_len, r2, koff, voff, rotary, interleaved)
+        pairs = bsz * kvh
+        per = (pairs + chunks - 1) // chunks
+        for c in prange(chunks):
+            qg = np.empty((g, d), np.float32)
+            acc = np.empty((g, d), np.float32)
+            sc = np.empty((g, t_max), np.float32)
+            mx = np.empty(g, np.float32)
+            den = np.empty(g, np.float32)
+            for bk in range(c * per, min(pairs, (c + 1) * per)):
+                attend_group_paged(query, kpool, vpool, bt, cos, sin, pos, past, tot,
+                                   bk // kvh, bk % kvh, g, d, s_len, r2, rotary, interleaved,
+                                   alpha, window, qg, acc, sc, mx, den, out)
+        return 0
+
+    _gqa_paged = njit(parallel=True, fastmath=True, nogil=True, cache=True)(_gqa_paged_body)
+    _gqa_paged_serial = njit(fastmath=True, nogil=True, cache=True)(_gqa_paged_body)
+
+
+def gqa_paged(query, key, value, kpool, vpool, table, seqlens, total, cos, sin, pos_ids, *,
+              num_heads: int, kv_num_heads: int, alpha: float, window: int,
+              interleaved: bool) -> tuple[np.ndarray, int]:
+    """GroupQueryAttention (float32, semantics of :mod:`._contrib_gqa`) on a
+    paged cache: rotate q/k (when ``cos`` is given), write k/v at positions
+    ``[P_b, T_b)`` through ``table``, causal (windowed) softmax attention.
+
+    Shapes: query (B, S, H*D) or packed (B, S, (H + 2*KVH)*D) with key/value
+    ``None``; key/value (B, S, KVH*D); kpool/vpool (NB, KVH, BS, D) float32;
+    table (B, W) int32; seqlens (B,) int64; cos/sin (P, rot/2) float32 or
+    ``None``; pos_ids (B, S) int64 or ``None``.
+
+    Returns ``(output (B, S, H*D), status)``: 0; 1 when seqlens do not fit
+    ``W * BS`` positions; 3 a rotary position outside cos; 4 a seqlens entry
+    outside [0, total); 5 a needed table entry outside the pool (nothing
+    was written on a non-zero status).
+    """
+    bsz, s_len, width = query.shape
+    packed = key is None
+    d = width // (num_heads + 2 * kv_num_heads) if packed else width // num_heads
+    out = np.empty((bsz, s_len, num_heads * d), np.float32)
+    rotary = cos is not None
+    args = (query, query if packed else key, query if packed else value, kpool, vpool, table,
+            seqlens, int(total), cos if rotary else _nb._ONE, sin if rotary else _nb._ONE,
+            _nb._NO_POS if pos_ids is None else pos_ids, num_heads, kv_num_heads, packed,
+            rotary, pos_ids is not None, interleaved, np.float32(alpha), int(window), out)
+    work = bsz * num_heads * s_len * (int(seqlens.max(initial=0)) + 1) * d
+    pairs = bsz * kv_num_heads
+    if work < _nb.GQA_PARALLEL_MIN_WORK or pairs < 2:
+        status = _gqa_paged_serial(*args, 1)
+    else:
+        status = _nb._parallel(_gqa_paged, *args, min(pairs, 4 * _nb.num_threads()))
+    return out, status

@@ -273,10 +273,11 @@ class _Parser(argparse.ArgumentParser):
 
 #: ``--accuracy-level`` of ``generate`` and ``bench decode``
 _ACCURACY_LEVEL = dict(
-    type=int, choices=(0, 4), default=4,
-    help="MatMulNBits accuracy_level: 4 (default) quantizes activations to int8 per "
-         "32-value block (as onnxruntime-genai CPU models and llama.cpp do); 0 keeps them "
-         "float32 (matches onnxruntime on the same file)")
+    type=int, choices=(0, 4), default=None,
+    help="MatMulNBits accuracy_level: 4 quantizes activations to int8 per 32-value block "
+         "(as onnxruntime-genai CPU models and llama.cpp do); 0 keeps them float32 "
+         "(matches onnxruntime on the same file). Default: 4 for models actorrt builds, "
+         "an onnxruntime-genai folder's graph as written")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -286,7 +286,8 @@ def bench_decode_main(args: argparse.Namespace) -> int:
             rounds = [await concurrency_curve(engine, levels, args.max_new_tokens)
                       for _ in range(args.rounds)]
         print(f"{threads} kernel threads, {args.max_new_tokens} tokens per stream, "
-              f"{args.rounds} rounds, accuracy_level {args.accuracy_level}")
+              f"{args.rounds} rounds, accuracy_level "
+              f"{'default' if args.accuracy_level is None else args.accuracy_level}")
         print_curve(rounds)
 
     return _run_reporting(main)

@@ -545,7 +545,7 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 providers: Sequence[Any] | None = None,
                 options: SessionOptions | None = None,
                 home: str | Path | None = None,
-                accuracy_level: int = 4,
+                accuracy_level: int | None = None,
                 kv_layout: str = "paged",
                 prefix_caching: bool = True) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
@@ -574,7 +574,10 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             (measured here: slower at batch 1 and at batch 8).
         home: model cache root (see :func:`actorrt.genai.prepare_model`).
         accuracy_level: ``MatMulNBits`` ``accuracy_level`` of the graph to run
-            (:func:`actorrt.genai.models.model_file`): 4 (the default, as
+            (:func:`actorrt.genai.models.model_file`). ``None`` (the default):
+            4 for a model actorrt built (a built-in name, a GGUF file, its
+            folder), and an onnxruntime-genai folder's ``model.onnx`` as
+            written (its nodes' own levels, what onnxruntime-genai runs). 4 (as
             onnxruntime-genai's CPU int4 models and llama.cpp's Q8 activations)
             quantizes activations to int8 per 32-value block where the CPU has
             AVX2 (SmolLM2-135M Q4_1: teacher-forced perplexity on 3,768 tokens
@@ -617,9 +620,9 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
 async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: int | None,
                        prefill_chunk: int, providers: Sequence[Any] | None,
                        options: SessionOptions | None, home: str | Path | None,
-                       accuracy_level: int, kv_layout: str,
+                       accuracy_level: int | None, kv_layout: str,
                        prefix_caching: bool = True) -> AsyncIterator[Engine]:
-    from .models import model_file, prepare_model
+    from .models import is_ort_genai_folder, model_file, prepare_model
     from .tokenizer import load_tokenizer
 
     p = Path(model)
@@ -628,6 +631,8 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
     else:
         folder = await trio.to_thread.run_sync(lambda: prepare_model(str(model), home=home))
     config = json.loads((folder / "genai_config.json").read_text())
+    if accuracy_level is None:  # ours: int8 activations; onnxruntime-genai's: as written
+        accuracy_level = 0 if is_ort_genai_folder(folder) else 4
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, folder)
     if options is None:
         options = SessionOptions(parallel_execution=False)

@@ -32,7 +32,7 @@ def _model_id(model: str) -> str:
 async def serve(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 8000,
                 max_batch: int = 16, kv_budget_bytes: int | None = None,
                 api_key: str | None = None, max_queue: int | None = None,
-                grace_s: float = DEFAULT_GRACE_S, accuracy_level: int = 4,
+                grace_s: float = DEFAULT_GRACE_S, accuracy_level: int | None = None,
                 shutdown: trio.Event | None = None,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``model`` over HTTP until ``shutdown`` is set (or the task is
@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait beyond --max-batch before 429 (default 64)")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, metavar="S",
                    help="seconds in-flight requests get after SIGINT/SIGTERM")
-    p.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4,
+    p.add_argument("--accuracy-level", type=int, choices=(0, 4), default=None,
                    help="MatMulNBits accuracy_level of the graph to run (see generate)")
 
 

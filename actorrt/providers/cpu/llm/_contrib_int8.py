@@ -90,7 +90,7 @@ if HAVE_INT8_DOT:
     from numba import njit, prange
 
     from ._int8_quant import _act_buffers, _quantize_into, _quantize_rows, _quantized  # noqa: F401
-    from ._int8_tiles import _cols, _group_pf  # noqa: F401
+    from ._int8_tiles import _cols, _cols_rows, _group_pf  # noqa: F401
 
     # one compiled entry per call (quantize A, then the columns): each numba
     # dispatch costs microseconds. Module-level functions, not closures over

@@ -58,6 +58,9 @@ TILE_MIN_ROWS = 1
 #: rows of A per pass over a column chunk's weights in the tiled kernel: a
 #: block's activations (ROW_BLOCK x K int8, 36-96 KB for K 576-1536) stay in L2
 ROW_BLOCK = 64
+#: 4-bit tiles sum each row's four column products in int16 before widening
+#: (``narrow`` in :func:`_tile_codegen`); False: widen each (for comparisons)
+TILE_I16_SUMS = True
 
 if HAVE_INT8_DOT:
     from llvmlite import ir
@@ -413,11 +416,33 @@ if HAVE_INT8_DOT:
                 return builder.add(shuf(ab, cd, [0, 1, 8, 9, 4, 5, 12, 13]),
                                    shuf(ab, cd, [2, 3, 10, 11, 6, 7, 14, 15]))
 
+            v16i = _V(_i16, 16)
+
+            def narrow(p0, p1, p2, p3):
+                # 4-bit: the same lanes from the four columns' vpmaddubsw
+                # products (<16 x i16>, |pair sum| <= 2 * 15 * 127), summed in
+                # int16 first (four of them, <= 15240: no overflow) with
+                # unpacks and adds, then widened by one vpmaddwd: 5 multiply
+                # uops a row and four columns instead of 8. Exact integer
+                # sums, so the same bits as ``unpacked``
+                def shuf(a, c, idx):
+                    return builder.shuffle_vector(a, c, ir.Constant(_V(_i32, 16), idx))
+                lo32 = [0, 1, 16, 17, 2, 3, 18, 19, 8, 9, 24, 25, 10, 11, 26, 27]
+                hi32 = [4, 5, 20, 21, 6, 7, 22, 23, 12, 13, 28, 29, 14, 15, 30, 31]
+                lo64 = [0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27]
+                hi64 = [4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31]
+                ab = builder.add(shuf(p0, p1, lo32), shuf(p0, p1, hi32))
+                cd = builder.add(shuf(p2, p3, lo32), shuf(p2, p3, hi32))
+                abcd = builder.add(shuf(ab, cd, lo64), shuf(ab, cd, hi64))
+                return builder.call(ops[1], [abcd, _splat(_i16, 1, 16)])
+
             new = []
             for r in range(rows):
                 xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
-                sums = [_block_isum(builder, ops, wv, ws, xv) for wv, ws in wts]
-                isum = unpacked(*sums)
+                if bits == 4 and TILE_I16_SUMS:
+                    isum = narrow(*(builder.call(ops[0], [wv, xv]) for wv, _ in wts))
+                else:
+                    isum = unpacked(*(_block_isum(builder, ops, wv, ws, xv) for wv, ws in wts))
                 s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
                 sxv = _broadcast(builder, builder.load(builder.gep(sa, [s_r])))
                 xsv = _broadcast(builder, builder.load(builder.gep(ua, [s_r])))
@@ -613,3 +638,12 @@ if HAVE_INT8_DOT:
                 out[m, n] = _dot1(wf, wb, ws, xf, m * kp, sf, uf, m * nb, df, zf, db, zb, ds,
                                   nb)
                 n += 1
+
+    @njit(fastmath=True, nogil=True, cache=True)
+    def _cols_rows(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, r0, r1, lo, hi,
+                   prefetch):  # pragma: no cover - compiled
+        # _cols on rows r0..r1 only (one (row tile, column chunk) work item of
+        # the fused decoder stack's projection stages): each row's outputs
+        # are the same bits whichever rows share its tile
+        _cols(xq[r0:r1], sx[r0:r1], xsum[r0:r1], sx_t, xs_t, w, d, dz, out[r0:r1], lo, hi,
+              prefetch)

@@ -177,6 +177,32 @@ async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
 
 
 @pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+async def test_prompt_rows_in_row_tiles_equal_the_nodes_and_one_thread(tiny, kind, monkeypatch):
+    # a prompt of more rows than a row tile (ROW_BLOCK): the projection
+    # stages' (row tile, column chunk) work items, claimed by two threads,
+    # give the bits one thread gives, and the unfused graph's values
+    path, cfg = model_path(tiny, kind, 4)
+    rows = ci.ROW_BLOCK + 7  # two row tiles a batch row; 2 x 71 rows: three
+    steps = (rows, 1, 1)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 1 << 40)
+    one, _ = await run_steps(path, cfg, SessionOptions(), steps=steps, batch_lengths=(0, 3),
+                             capacity=rows + 8)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    with kernel_threads(2):
+        team, fusions = await run_steps(path, cfg, SessionOptions(), steps=steps,
+                                        batch_lengths=(0, 3), capacity=rows + 8)
+    assert fusions[-1][0].endswith("/DecoderStack")
+    for a, b in zip(one, team):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    plain, _ = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), steps=steps,
+                               batch_lengths=(0, 3), capacity=rows + 8)
+    assert_steps_close(team, plain, 1e-5)
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 @pytest.mark.parametrize("batch_lengths", [(0,), (0, 3)])
 async def test_decode_attention_in_spans(tiny, batch_lengths, monkeypatch):
     # a decode step splits each (batch row, KV head) pair's cached rows into

@@ -14,6 +14,18 @@ interpreter of a venv that has it).
 
     python benchmarks/bench_genai.py [--new-tokens 128] [--ort-tokens 8]
         [--llama-python PATH]
+
+``--batched`` runs the issue's comparison instead: our engine (accuracy
+level 4, the default), onnxruntime-genai (one Generator, ``batch_size = n``)
+and llama.cpp (one ``llama_batch`` over n sequences, ``n_seq_max = n``),
+each in a subprocess of its own (2 threads; its peak RSS its own), in
+interleaved rounds: aggregate decode tok/s of n greedy streams of the same
+57-token prompt (1/2/4/8/16, 64 new tokens, prefill excluded) and prefill
+tok/s of one prompt of 57, 512 and 2,048 tokens (``PROMPT``, then the
+start of ``data/python_license.txt``), with the same-round ratios:
+
+    python benchmarks/bench_genai.py --batched [--rounds 2]
+        [--llama-python /work/peers/.venv/bin/python]
 """
 
 from __future__ import annotations
@@ -143,6 +155,112 @@ async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int, accura
         return single, len(engine.encode_prompt(PROMPT)), rounds, prompt
 
 
+async def ours_batched(job: dict) -> dict:
+    """Our engine's side of ``--batched`` (run in a worker subprocess): the
+    concurrency curve through the engine (n requests of the same prompt ids
+    started together; decode tok/s from the engine's own decode statistics)
+    and prefill tok/s (one request, one new token)."""
+    folder = prepare_model("smollm2")
+    levels = job["levels"]
+    params = SamplingParams(max_new_tokens=job["new_tokens"], ignore_eos=True)
+    curve, prefill = {}, {}
+    async with open_engine(folder, max_batch=max(levels)) as engine:
+        await engine.generate(job["ids"], SamplingParams(max_new_tokens=4))  # warm-up
+        for n in levels:
+            best = 0.0
+            for _ in range(job["rounds"]):
+                before = engine.statistics()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(n):
+                        nursery.start_soon(engine.generate, job["ids"], params)
+                after = engine.statistics()
+                best = max(best, (after.decode_tokens - before.decode_tokens)
+                           / max(after.decode_time_s - before.decode_time_s, 1e-9))
+            curve[n] = best
+        one = SamplingParams(max_new_tokens=1, ignore_eos=True)
+        for length, ids in job["prefill"].items():
+            await engine.generate(ids[:64], one)  # this length's shapes warm
+            best = 0.0
+            for _ in range(job["rounds"]):
+                r = await engine.generate(ids, one)
+                best = max(best, r.prompt_tokens_per_s)
+            prefill[length] = best
+    return {"curve": curve, "prefill": prefill,
+            "rss_mb": int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024,
+            "version": "this checkout"}
+
+
+def batched(args) -> None:
+    """``--batched``: the three engines' curves and prefill tables, each in
+    a subprocess, rounds interleaved; prints the medians, the per-round
+    ratios and each one's peak RSS."""
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from actorrt.genai.models import _source_gguf, model_home
+    from actorrt.genai.tokenizer import load_tokenizer
+    folder = prepare_model("smollm2")
+    tok = load_tokenizer(folder)
+    ids = tok.encode(PROMPT)
+    text = (Path(__file__).parent / "data" / "python_license.txt").read_text()
+    long_ids = tok.encode(text)
+    lengths = [int(x) for x in args.prefill.split(",")]
+    prefill = {n: (ids if n == len(ids) else (ids + long_ids)[:n]) for n in lengths}
+    levels = [int(x) for x in args.concurrency.split(",")]
+    job = genai_peers.batch_job(ids, prefill, levels, 64, 2, rounds=args.worker_rounds)
+    gguf = _source_gguf("smollm2", model_home(), False)[0]
+    runs: dict[str, list[dict]] = {"actorrt": [], "onnxruntime-genai": [], "llama.cpp": []}
+    for _ in range(max(1, args.rounds)):
+        r = subprocess.run([sys.executable, __file__, "--batch-worker", json.dumps(job)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"our worker failed: {r.stderr[-2000:]}")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        runs["actorrt"].append({"curve": {int(k): v for k, v in out["curve"].items()},
+                                "prefill": {int(k): v for k, v in out["prefill"].items()},
+                                "rss_mb": out["rss_mb"], "version": out["version"]})
+        print("actorrt", json.dumps(runs["actorrt"][-1]), flush=True)  # kept if cut short
+        g = genai_peers.ort_genai_batched(folder, job)
+        if g is not None:
+            runs["onnxruntime-genai"].append(g)
+            print("onnxruntime-genai", json.dumps(g), flush=True)
+        lc = genai_peers.llama_cpp_batched(gguf, job, python=args.llama_python)
+        if lc is not None:
+            runs["llama.cpp"].append(lc)
+            print("llama.cpp", json.dumps(lc), flush=True)
+    med = statistics.median
+    names = [k for k, v in runs.items() if v]
+    print(f"SmolLM2-135M, 2 threads each, {args.rounds} interleaved round(s); streams: the "
+          f"same {len(ids)}-token prompt, 64 greedy tokens; decode tok/s aggregate "
+          f"(prefill excluded); versions: "
+          + ", ".join(f"{k} {runs[k][0].get('version', '?')}" for k in names))
+    ours = runs["actorrt"]
+    single = [r["curve"][levels[0]] for r in ours]
+    print(f"\n{'streams':>7} " + " ".join(f"{k:>18}" for k in names)
+          + f" {'ours/ours@' + str(levels[0]):>12}"
+          + "".join(f" {'ours/' + k:>24}" for k in names[1:]))
+    for n in levels:
+        cells = [f"{med(r['curve'][n] for r in runs[k]):18.1f}" for k in names]
+        scale = med(r["curve"][n] / s for r, s in zip(ours, single))
+        ratios = [f"{med(o['curve'][n] / p['curve'][n] for o, p in zip(ours, runs[k])):24.2f}"
+                  for k in names[1:]]
+        print(f"{n:7d} " + " ".join(cells) + f" {scale:12.2f}" + "".join(ratios))
+    print(f"\n{'prompt':>7} " + " ".join(f"{k + ' tok/s':>24}" for k in names)
+          + "".join(f" {'ours/' + k:>24}" for k in names[1:]))
+    for n in lengths:
+        cells = [f"{med(r['prefill'][n] for r in runs[k]):24.1f}" for k in names]
+        ratios = [f"{med(o['prefill'][n] / p['prefill'][n] for o, p in zip(ours, runs[k])):24.2f}"
+                  for k in names[1:]]
+        print(f"{n:7d} " + " ".join(cells) + "".join(ratios))
+    print("\npeak RSS (MB): " + ", ".join(f"{k} {max(r['rss_mb'] for r in runs[k]):.0f}"
+                                         for k in names))
+    print("per round, decode at " + ", ".join(str(n) for n in levels) + ": "
+          + "; ".join(f"{k} " + "/".join(f"{r['curve'][n]:.0f}" for n in levels)
+                      for k in names for r in runs[k]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -155,9 +273,24 @@ def main() -> None:
     ap.add_argument("--llama-python", default=None,
                     help="Python interpreter with llama-cpp-python for the llama.cpp peer "
                          "(default: this one)")
+    ap.add_argument("--batched", action="store_true",
+                    help="the concurrency curve and prefill table of the three engines")
+    ap.add_argument("--prefill", default="57,512,2048",
+                    help="--batched: prompt lengths of the prefill table")
+    ap.add_argument("--worker-rounds", type=int, default=2,
+                    help="--batched: each measurement the best of this many in its worker")
+    ap.add_argument("--batch-worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     from actorrt.providers.cpu.llm import _contrib_numba
     threads = _contrib_numba.set_num_threads(2)  # the issue's setting; ORT gets 2 too
+    if args.batch_worker is not None:  # our side of --batched, in a subprocess
+        job = json.loads(args.batch_worker)
+        job["prefill"] = {int(k): v for k, v in job["prefill"].items()}
+        print(json.dumps(trio.run(ours_batched, job)))
+        return
+    if args.batched:
+        batched(args)
+        return
     folder = prepare_model("smollm2")
     levels = [int(x) for x in args.concurrency.split(",")]
     runs = {lv: trio.run(ours, folder, args.new_tokens, levels, max(1, args.rounds), lv)

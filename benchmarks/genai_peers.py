@@ -237,3 +237,183 @@ def llama_cpp_greedy(gguf: Path, ids: list[int], new_tokens: int, threads: int,
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp peer failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- batched
+# The issue's concurrency curve and prefill table: each engine in a
+# subprocess of its own (its thread pool apart, its peak RSS its own), given
+# the same token ids: ``n`` streams of the same prompt decoded together for
+# ``new_tokens`` greedy tokens (aggregate decode tok/s: the tokens after each
+# stream's first over the wall time of those steps, prefill excluded), and
+# prefill tok/s of one prompt of each length (to its first token's logits).
+# Each prints one JSON line: {"curve": {n: tok/s}, "prefill": {length:
+# tok/s}, "rss_mb": peak RSS, "version": ...}. Peak RSS is the process's
+# VmHWM (Linux), which starts afresh at exec (``ru_maxrss`` would carry the
+# parent's peak over the fork).
+
+_LLAMA_BATCH_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+import llama_cpp as L
+path, job = sys.argv[1], json.loads(sys.argv[2])
+ids, new, threads = job["ids"], job["new_tokens"], job["threads"]
+L.llama_backend_init()
+mp = L.llama_model_default_params()
+model = L.llama_model_load_from_file(path.encode(), mp)
+nv = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+
+def context(n_seq, n_ctx, n_batch):
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = n_ctx, n_batch, min(n_batch, 512)
+    cp.n_seq_max, cp.n_threads, cp.n_threads_batch = n_seq, threads, threads
+    cp.no_perf = True
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise RuntimeError("llama_init_from_model failed")
+    return ctx
+
+def run(ctx, batch, rows):
+    # rows: (token, position, sequence, logits wanted); returns argmax per wanted row
+    batch.n_tokens = len(rows)
+    for i, (t, p, s, want) in enumerate(rows):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, p, 1
+        batch.seq_id[i][0], batch.logits[i] = s, 1 if want else 0
+    if L.llama_decode(ctx, batch) != 0:
+        raise RuntimeError("llama_decode failed")
+    return [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(nv,))))
+            for i, r in enumerate(rows) if r[3]]
+
+curve = {}
+for n in job["levels"]:
+    ctx = context(n, n * (len(ids) + new + 8), max(512, n * len(ids)))
+    batch = L.llama_batch_init(max(512, n * len(ids)), 0, 1)
+    best = 0.0
+    for _ in range(job["rounds"]):
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        toks = run(ctx, batch, [(t, p, s, p == len(ids) - 1) for s in range(n)
+                                for p, t in enumerate(ids)])
+        t0 = time.perf_counter()
+        for step in range(new - 1):
+            toks = run(ctx, batch, [(toks[s], len(ids) + step, s, True) for s in range(n)])
+        best = max(best, n * (new - 1) / (time.perf_counter() - t0))
+    curve[n] = best
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+prefill = {}
+for length, p_ids in job["prefill"].items():
+    ctx = context(1, len(p_ids) + 8, len(p_ids))
+    batch = L.llama_batch_init(len(p_ids), 0, 1)
+    best = 0.0
+    for _ in range(job["rounds"]):
+        L.llama_memory_clear(L.llama_get_memory(ctx), True)
+        t0 = time.perf_counter()
+        run(ctx, batch, [(t, p, 0, p == len(p_ids) - 1) for p, t in enumerate(p_ids)])
+        best = max(best, len(p_ids) / (time.perf_counter() - t0))
+    prefill[length] = best
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+rss = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+print(json.dumps({"curve": curve, "prefill": prefill, "rss_mb": rss, "version": L.__version__}))
+"""
+
+_ORT_GENAI_BATCH_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime_genai as og
+folder, job = sys.argv[1], json.loads(sys.argv[2])
+ids, new = job["ids"], job["new_tokens"]
+model = og.Model(folder)
+
+def generator(rows, length):
+    params = og.GeneratorParams(model)
+    # min_length: EOS held off, as the other engines' loops ignore it
+    params.set_search_options(batch_size=len(rows), max_length=length, min_length=length,
+                              do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.asarray(rows, np.int32))
+    return gen
+
+curve = {}
+for n in job["levels"]:
+    best = 0.0
+    for _ in range(job["rounds"]):
+        gen = generator([ids] * n, len(ids) + new)
+        gen.generate_next_token()  # the first token, from the prompts' logits
+        gen.get_next_tokens()
+        t0 = time.perf_counter()
+        for _ in range(new - 1):
+            gen.generate_next_token()
+            gen.get_next_tokens()
+        best = max(best, n * (new - 1) / (time.perf_counter() - t0))
+        del gen
+    curve[n] = best
+prefill = {}
+for length, p_ids in job["prefill"].items():
+    best = 0.0
+    for _ in range(job["rounds"]):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(p_ids) + 2, min_length=len(p_ids) + 2,
+                                  do_sample=False)
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(np.asarray([p_ids], np.int32))  # the prompt's forward pass
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        best = max(best, len(p_ids) / (time.perf_counter() - t0))
+        del gen
+    prefill[length] = best
+rss = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+print(json.dumps({"curve": curve, "prefill": prefill, "rss_mb": rss, "version": og.__version__}))
+"""
+
+
+def _worker(python: str, script: list[str], env: dict | None = None) -> dict:
+    r = subprocess.run([python, *script], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        raise RuntimeError(f"{script[0] if script[0] != '-c' else 'peer'} failed: "
+                           f"{r.stderr[-2000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out["curve"] = {int(k): v for k, v in out["curve"].items()}
+    out["prefill"] = {int(k): v for k, v in out["prefill"].items()}
+    return out
+
+
+def batch_job(ids: list[int], prefill: dict[int, list[int]], levels: list[int],
+              new_tokens: int, threads: int, rounds: int = 1) -> dict:
+    """The job every batched worker runs (JSON-able): ``ids`` the streams'
+    prompt, ``prefill`` length -> prompt ids; each measurement the best of
+    ``rounds`` in the worker."""
+    return {"ids": ids, "prefill": {str(k): v for k, v in prefill.items()}, "levels": levels,
+            "new_tokens": new_tokens, "threads": threads, "rounds": rounds}
+
+
+def llama_cpp_batched(gguf: Path, job: dict, python: str | None = None) -> dict | None:
+    """llama.cpp's concurrency curve (one ``llama_batch`` of n sequences a
+    step, ``n_seq_max = n``) and prefill table on the GGUF, in a subprocess
+    of ``python``; None when ``llama_cpp`` is not importable there.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr in the message).
+    """
+    python = python or sys.executable
+    if subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode:
+        return None
+    return _worker(python, ["-c", _LLAMA_BATCH_SCRIPT, str(gguf), json.dumps(job)],
+                   {"OMP_NUM_THREADS": str(job["threads"])})
+
+
+def ort_genai_batched(folder: Path, job: dict) -> dict | None:
+    """onnxruntime-genai's concurrency curve (one Generator with
+    ``batch_size = n``) and prefill table on its int4 re-quantization of the
+    model (built on first use), in a subprocess; None without the package.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr in the message).
+    """
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return None
+    peer = ort_genai_int4_folder(folder, job["threads"])
+    return _worker(sys.executable, ["-c", _ORT_GENAI_BATCH_SCRIPT, str(peer), json.dumps(job)])

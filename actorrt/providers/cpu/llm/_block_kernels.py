@@ -21,6 +21,10 @@ from . import _paged_kernels as _pk
 
 #: a projection splits over the threads from this many multiply-adds (M x N x K)
 PARALLEL_MIN_WORK = 1 << 16
+#: the LM head in the stack's region: column chunks of about this many
+#: columns (a vocabulary of 49,152: 48 chunks, not ``parts``), so that a
+#: thread that starts late or is preempted leaves little of it to the other
+HEAD_CHUNK_COLUMNS = 1024
 
 if _nb.HAVE_NUMBA:
     from numba import njit
@@ -220,8 +224,9 @@ if _i8.HAVE_INT8_DOT:
         # up to three projections of the same quantized activation, their
         # column chunks numbered one after another: each projection in about
         # ``parts`` chunks of at least cw columns (a claimed chunk costs about
-        # a microsecond); a chunk runs every row in _i8._cols' row x column
-        # tiles (each weight block unpacked once per four rows)
+        # a microsecond), each chunk in row tiles of ROW_BLOCK rows (one for
+        # a decode batch); an item runs in _i8._cols' row x column tiles
+        # (each weight block unpacked once per four rows)
         xq, sx, xsum, sx_t, xs_t = xb
         n0, n1, n2 = mats[0][0].shape[0], mats[1][0].shape[0], mats[2][0].shape[0]
         w0 = max(cw, ((n0 + parts - 1) // parts + 3) // 4 * 4)
@@ -229,22 +234,29 @@ if _i8.HAVE_INT8_DOT:
         w2 = max(cw, ((n2 + parts - 1) // parts + 3) // 4 * 4)
         c0 = (n0 + w0 - 1) // w0
         c1 = (n1 + w1 - 1) // w1
-        total = c0 + c1 + (n2 + w2 - 1) // w2
+        # (row tile, column chunk) work items: a chunk's row tiles one after
+        # another (its weights stay in cache), ROW_BLOCK rows a tile
+        rb = _i8.ROW_BLOCK
+        rt = max(1, (xq.shape[0] + rb - 1) // rb)
+        total = (c0 + c1 + (n2 + w2 - 1) // w2) * rt
         while True:
-            c = _claim(ctr, stage)
-            if c >= total:
+            item = _claim(ctr, stage)
+            if item >= total:
                 break
+            c = item // rt
+            r0 = (item % rt) * rb
+            r1 = min(xq.shape[0], r0 + rb)
             if c < c0:
-                _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[0][0], mats[0][1], mats[0][2], outs[0],
-                          c * w0, min(n0, (c + 1) * w0), pf)
+                _i8._cols_rows(xq, sx, xsum, sx_t, xs_t, mats[0][0], mats[0][1], mats[0][2],
+                               outs[0], r0, r1, c * w0, min(n0, (c + 1) * w0), pf)
             elif c < c0 + c1:
                 c -= c0
-                _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[1][0], mats[1][1], mats[1][2], outs[1],
-                          c * w1, min(n1, (c + 1) * w1), pf)
+                _i8._cols_rows(xq, sx, xsum, sx_t, xs_t, mats[1][0], mats[1][1], mats[1][2],
+                               outs[1], r0, r1, c * w1, min(n1, (c + 1) * w1), pf)
             else:
                 c -= c0 + c1
-                _i8._cols(xq, sx, xsum, sx_t, xs_t, mats[2][0], mats[2][1], mats[2][2], outs[2],
-                          c * w2, min(n2, (c + 1) * w2), pf)
+                _i8._cols_rows(xq, sx, xsum, sx_t, xs_t, mats[2][0], mats[2][1], mats[2][2],
+                               outs[2], r0, r1, c * w2, min(n2, (c + 1) * w2), pf)
             _done(ctr, stage)
         _wait(ctr, stage, total)
 
@@ -536,13 +548,15 @@ if _i8.HAVE_INT8_DOT:
                                     hw, hw, 0)
                     _project(2, hc, (gq, gs, gx, gt, gu),
                              ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
-                             (logits, logits, logits), cw, parts, 0)
+                             (logits, logits, logits), cw,
+                             max(parts, hw.shape[0] // HEAD_CHUNK_COLUMNS), 0)
                 else:
                     _quantize_stage(1, hc, x, hq, hs, hx, ht, hu, (x.shape[0] + 7) // 8, hw, hw,
                                     0)
                     _project(2, hc, (hq, hs, hx, ht, hu),
                              ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
-                             (logits, logits, logits), cw, parts, 0)
+                             (logits, logits, logits), cw,
+                             max(parts, hw.shape[0] // HEAD_CHUNK_COLUMNS), 0)
 
     @njit(nogil=True, cache=True)
     def _region_stack(h, res, wt, qw, qd, qz, kw, kd, kz, vw, vd, vz, ow, od, oz, gw, gd, gz,

@@ -177,6 +177,46 @@ async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
 
 
 @pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+async def test_prompt_rows_in_row_tiles_equal_the_nodes_and_one_thread(tiny, kind, monkeypatch):
+    # a prompt of more rows than a row tile (ROW_BLOCK): the projection
+    # stages' (row tile, column chunk) work items, claimed by two threads,
+    # give the bits one thread gives, and the unfused graph's values
+    path, cfg = model_path(tiny, kind, 4)
+    rows = ci.ROW_BLOCK + 7  # two row tiles a batch row; 2 x 71 rows: three
+    steps = (rows, 1, 1)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 1 << 40)
+    one, _ = await run_steps(path, cfg, SessionOptions(), steps=steps, batch_lengths=(0, 3),
+                             capacity=rows + 8)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    with kernel_threads(2):
+        team, fusions = await run_steps(path, cfg, SessionOptions(), steps=steps,
+                                        batch_lengths=(0, 3), capacity=rows + 8)
+    assert fusions[-1][0].endswith("/DecoderStack")
+    for a, b in zip(one, team):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    plain, _ = await run_steps(path, cfg, SessionOptions(fuse_kernels=False), steps=steps,
+                               batch_lengths=(0, 3), capacity=rows + 8)
+    # layer 0's keys and values: every row through the q/k/v stage's row
+    # tiles from the same int8 activations as the nodes (the embedding)
+    for a, b in zip(team, plain):
+        for x, y in zip(a[1:3], b[1:3]):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(y).max()))
+    # later layers quantize activations the fused and node-by-node graphs
+    # compute in other float orders: a value on a rounding tie may land one
+    # int8 step apart and move that position's logits a little (a wrong row
+    # tile would move many rows by far more)
+    for a, b in zip(team, plain):
+        x, y = a[0].reshape(-1, a[0].shape[-1]), b[0].reshape(-1, b[0].shape[-1])
+        scale = np.abs(y).max()
+        off = np.abs(x - y).max(-1)
+        assert np.all(off <= 0.05 * scale), off.max() / scale
+        assert np.mean(off <= 1e-5 * max(1.0, scale)) >= 0.97, np.mean(off <= 1e-5 * scale)
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 @pytest.mark.parametrize("batch_lengths", [(0,), (0, 3)])
 async def test_decode_attention_in_spans(tiny, batch_lengths, monkeypatch):
     # a decode step splits each (batch row, KV head) pair's cached rows into

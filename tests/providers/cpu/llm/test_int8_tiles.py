@@ -124,3 +124,28 @@ def test_tiles_cross_row_blocks_and_column_chunks():
     np.testing.assert_array_equal(par, whole)
     want, mag = integer_reference(a, b.reshape(n, -1), s, zp, 4)
     assert np.all(np.abs(whole - want) <= 1e-5 * mag + 1e-30)
+
+
+@needs_int8
+@pytest.mark.parametrize("bits", [4, 8])
+def test_largest_products_do_not_overflow(bits):
+    # every weight at its largest magnitude (4-bit: 15, the four columns'
+    # products summed in int16 before widening; 8-bit: q - 128 = -128 and
+    # 127) times activations quantizing to +-127: the integer reference's sums
+    rng = np.random.default_rng(bits)
+    n, nb = 9, 4
+    for fill in ((0xFF,) if bits == 4 else (0x00, 0xFF)):
+        b = np.full((n, nb, 16 if bits == 4 else 32), fill, np.uint8)
+        s = (rng.random((n, nb)) * 0.02 + 0.001).astype(np.float32)
+        p = cq.pack_nbits(b.reshape(n, -1), s, None, k=nb * 32, n=n, bits=bits, block_size=32,
+                          use_numba=True, int8=True)
+        a = np.ones((6, nb * 32), np.float32)
+        a[1] = -1.0
+        a[2, ::2] = -1.0  # alternating signs
+        a[3] *= 1e-3
+        a[4, :32] = 0.0  # an all-zero block
+        a[5] = rng.choice([-1.0, 1.0], nb * 32)
+        got = np.empty((a.shape[0], n), np.float32)
+        (ci._serial_q4 if bits == 4 else ci._serial_q8)(a, p.qi, p.scales, p.dz, got)
+        want, mag = integer_reference(a, b.reshape(n, -1), s, None, bits)
+        assert np.all(np.abs(got - want) <= 1e-5 * mag + 1e-30), fill

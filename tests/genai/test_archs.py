@@ -315,11 +315,24 @@ def test_arch_logits_match_llama_cpp_conventions(built, case):
     assert all(r for _, r in declines)
 
 
-@pytest.mark.parametrize("case", ["phi3-q6_k", "llama-q3_k", "qwen2-q2_k", "qwen2-q4_k"])
+#: each distinct set of projection layouts compiles the variant block's stage
+#: program anew (~1-3 min): two cases by default, the others marked slow
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2-q2_k",
+                                  *(pytest.param(c, marks=_SLOW)
+                                    for c in ("phi3-q6_k", "llama-q3_k", "qwen2-q4_k",
+                                              "qwen2"))])
 def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, case):
     """The accuracy level 4 graph (int8 activations, block-16 K-quants
     included): logits within the int8 activation error of onnxruntime's level
-    0 logits, top-1 equal wherever onnxruntime's margin is clear of it."""
+    0 logits (6e-2 of the logit scale on these random files; qwen2 Q8_0: 4.5e-2),
+    top-1 equal wherever onnxruntime's margin is clear of it; every
+    decoder block fused (gemma3's q/k and sandwich norms, GELU and sliding
+    window, qwen2's biases, block-16 projections: _fusion_variants), and the
+    fused blocks within the int8 error of the unfused nodes (one layer of
+    them: bit for bit but for a rare int8 rounding flip)."""
     from actorrt.genai.models import model_file
 
     _, folder = built(case)
@@ -327,13 +340,18 @@ def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, cas
     dec = OrtDecoder(folder)
     want = np.concatenate([dec.step(IDS[:5])] + [dec.step([t]) for t in IDS[5:]])
     scale = max(1.0, np.abs(want).max())
+    runs = {}
     for fuse in (False, True):
-        got, _, _ = _ours(str(model_file(folder, 4)), cfg, IDS, fuse)
+        got, fusions, declines = _ours(str(model_file(folder, 4)), cfg, IDS, fuse)
+        runs[fuse] = got
         err = np.abs(got - want).max() / scale
-        assert 1e-5 < err < 3e-2, (fuse, err)  # (above 1e-5: int8, not float32)
+        assert 1e-5 < err < 6e-2, (fuse, err)  # (above 1e-5: int8, not float32)
         top = np.sort(want, -1)
         clear = top[:, -1] - top[:, -2] > 2 * err * scale
         assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    blocks = [f for f, _ in fusions if f.endswith("/DecoderBlock")]
+    assert len(blocks) == cfg.num_layers and not declines, (fusions, declines)
+    assert np.abs(runs[True] - runs[False]).max() / scale < 2e-2
 
 
 def test_gemma3_graph_has_the_architecture_features(built):

@@ -36,6 +36,13 @@ __all__ = ["VariantBlock", "match_variant", "VARIANT"]
 
 #: the match's ``variant`` (and the fused node's attribute)
 VARIANT = "i8-variant"
+#: fuse the variant blocks at all (False: leave them to the unfused kernels).
+#: Measured on Gemma 3 270M, level 4, same run, on a machine shared by five
+#: (load ~10 on 2 cores): 1 thread 206 vs 344 ms a decode step (fused
+#: faster), 2 threads 414-664 vs 110-194 ms (slower: a team thread spinning
+#: at a stage's end while its partner is descheduled; the plain block's
+#: region works the same way). Not yet measured on an idle machine.
+VARIANT_BLOCKS = True
 _SLN = "SimplifiedLayerNormalization"
 
 
@@ -164,8 +171,9 @@ def match_variant(g: StepGraph, gqa: Any, why: list | None = None) -> dict | Non
             why.insert(0, reason)
         return None
 
-    if not _i8.HAVE_INT8_DOT:
-        return no("no int8 kernels on this machine for the variant block")
+    if not _i8.HAVE_INT8_DOT or not VARIANT_BLOCKS:
+        return no("no int8 kernels on this machine for the variant block" if VARIANT_BLOCKS
+                  else "variant block fusion turned off (_fusion_variants.VARIANT_BLOCKS)")
     prep = gqa.kernel.fast_path() if hasattr(gqa.kernel, "fast_path") else None
     ins = gqa.inputs
     if prep is None or len(ins) < 7 or any(i >= 0 for i in ins[9:]) or gqa.outer:

@@ -4,7 +4,10 @@ on the same GGUF, same run, 2 threads. Rounds interleave ours and llama.cpp's
 so machine drift hits both; medians are printed with the same-run ratios.
 
     python benchmarks/bench_models_genai.py [--model gemma3-270m] [--new-tokens 64]
-        [--rounds 3] [--llama-python PATH]
+        [--rounds 3] [--llama-python PATH] [--levels 0,4,4u]
+
+``4u``: level 4 with the gemma3/qwen2 variant blocks left unfused (the plan
+before _fusion_variants), for a same-run A/B.
 """
 
 from __future__ import annotations
@@ -22,7 +25,20 @@ PROMPT = ("The history of the city of Paris begins in the 3rd century BC, when a
           "conquered the area in 52 BC and built a town they called Lutetia. In the")
 
 
-async def ours_once(folder, level: int, new_tokens: int):
+async def ours_once(folder, level, new_tokens: int):
+    """level: 0, 4, or "4u" (level 4 with the variant blocks (gemma3, qwen2,
+    block-16 projections) left unfused: the plan before that fusion)."""
+    from actorrt.providers.cpu.llm import _fusion_variants
+    match = _fusion_variants.match_variant
+    if level == "4u":
+        _fusion_variants.match_variant = lambda g, gqa, why=None: None
+    try:
+        return await _ours_once(folder, 4 if level == "4u" else level, new_tokens)
+    finally:
+        _fusion_variants.match_variant = match
+
+
+async def _ours_once(folder, level: int, new_tokens: int):
     async with open_engine(folder, max_batch=1, accuracy_level=level) as engine:
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         r = await engine.generate(PROMPT, SamplingParams(max_new_tokens=new_tokens,
@@ -44,7 +60,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-python", default=None)
+    ap.add_argument("--levels", default="0,4",
+                    help="comma-separated: 0, 4, 4u (level 4 without the variant-block fusion)")
     args = ap.parse_args()
+    levels = [x if x == "4u" else int(x) for x in args.levels.split(",")]
     from actorrt.genai.models import _source_gguf, model_home
     from actorrt.genai.tokenizer import load_tokenizer
     from actorrt.providers.cpu.llm import _contrib_numba
@@ -52,9 +71,10 @@ def main() -> None:
     folder = prepare_model(args.model)
     gguf = _source_gguf(args.model, model_home(), False)[0]
     ids = load_tokenizer(folder).encode(PROMPT)
-    res = {0: [], 4: [], "llama": []}
+    res = {lv: [] for lv in levels}
+    res["llama"] = []
     for _ in range(max(1, args.rounds)):
-        for lv in (0, 4):
+        for lv in levels:
             res[lv].append(trio.run(ours_once, folder, lv, args.new_tokens))
         r = genai_peers.llama_cpp_greedy(gguf, ids, args.new_tokens, threads=2,
                                          python=args.llama_python, rounds=1)
@@ -64,19 +84,23 @@ def main() -> None:
           f"{threads} threads, medians of {args.rounds} interleaved rounds")
     print(f"{'':28} {'prompt tok/s':>13} {'decode tok/s':>13}")
     rows = {}
-    for key, name in ((0, "actorrt accuracy_level 0"), (4, "actorrt accuracy_level 4"),
-                      ("llama", "llama.cpp, same GGUF")):
+    names = {0: "actorrt accuracy_level 0", 4: "actorrt accuracy_level 4",
+             "4u": "level 4, variant unfused"}
+    for key, name in [(lv, names[lv]) for lv in levels] + [("llama", "llama.cpp, same GGUF")]:
         if not res[key]:
             print(f"{name:28} not installed")
             continue
         rows[key] = (med([x[0] for x in res[key]]), med([x[1] for x in res[key]]))
         print(f"{name:28} {rows[key][0]:13.1f} {rows[key][1]:13.1f}")
+    if 4 in rows and "4u" in rows:
+        print(f"{'ratio level 4 / 4u':28} {rows[4][0] / rows['4u'][0]:13.2f} "
+              f"{rows[4][1] / rows['4u'][1]:13.2f}")
     if "llama" in rows:
-        for lv in (0, 4):
+        for lv in levels:
             print(f"{f'ratio level {lv} / llama.cpp':28} {rows[lv][0] / rows['llama'][0]:13.2f} "
                   f"{rows[lv][1] / rows['llama'][1]:13.2f}")
         lids = res["llama"][0][2]
-        for lv in (0, 4):
+        for lv in levels:
             same = next((i for i, (a, b) in enumerate(zip(res[lv][0][2], lids)) if a != b),
                         min(len(lids), len(res[lv][0][2])))
             print(f"  greedy ids of level {lv} equal llama.cpp's for the first {same}")

@@ -33,9 +33,12 @@ Q = gguf.GGMLQuantizationType
 HIDDEN, N_HEAD, N_KV, FFN, VOCAB = 64, 4, 2, 96, 300
 
 
-def _tokenizer_fields(w, spm: bool, pre: str = "gpt-2") -> None:
+def _tokenizer_fields(w, spm: bool, pre: str = "gpt-2", phi3: bool = False) -> None:
     if spm:  # SentencePiece-style vocabulary with byte fallback
-        tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+        # a model named phi3 gets llama.cpp's phi-3 token attributes, which look
+        # up "<s>", "</s>", "<unk>" and "<|endoftext|>" by text (std::map::at)
+        bos_eos = ["</s>", "<s>"] if phi3 else ["<eos>", "<bos>"]
+        tokens = ["<pad>", *bos_eos, "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
         tokens += ["▁", "t", "h", "e", "th", "the", "▁the", "▁t"]
         # phi3's chat tokens (llama.cpp looks some of them up when loading a phi3)
         tokens += ["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
@@ -93,7 +96,7 @@ def write_arch_gguf(path: Path, arch: str, *, qtype: str = "Q8_0", n_layer: int 
     w.add_layer_norm_rms_eps(1e-6)
     if window:
         w.add_sliding_window(window)
-    _tokenizer_fields(w, spm=arch in ("gemma3", "phi3"), pre=pre)
+    _tokenizer_fields(w, spm=arch in ("gemma3", "phi3"), pre=pre, phi3=arch == "phi3")
 
     def add(name, arr, kind):
         arr = np.asarray(arr, np.float32)
@@ -312,6 +315,45 @@ def test_arch_logits_match_llama_cpp_conventions(built, case):
     assert all(r for _, r in declines)
 
 
+#: each distinct set of projection layouts compiles the variant block's stage
+#: program anew (~1-3 min): two cases by default, the others marked slow
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen2-q2_k",
+                                  *(pytest.param(c, marks=_SLOW)
+                                    for c in ("phi3-q6_k", "llama-q3_k", "qwen2-q4_k",
+                                              "qwen2"))])
+def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, case):
+    """The accuracy level 4 graph (int8 activations, block-16 K-quants
+    included): logits within the int8 activation error of onnxruntime's level
+    0 logits (6e-2 of the logit scale on these random files; qwen2 Q8_0: 4.5e-2),
+    top-1 equal wherever onnxruntime's margin is clear of it; every
+    decoder block fused (gemma3's q/k and sandwich norms, GELU and sliding
+    window, qwen2's biases, block-16 projections: _fusion_variants), and the
+    fused blocks within the int8 error of the unfused nodes (one layer of
+    them: bit for bit but for a rare int8 rounding flip)."""
+    from actorrt.genai.models import model_file
+
+    _, folder = built(case)
+    cfg = load_genai_config(folder)
+    dec = OrtDecoder(folder)
+    want = np.concatenate([dec.step(IDS[:5])] + [dec.step([t]) for t in IDS[5:]])
+    scale = max(1.0, np.abs(want).max())
+    runs = {}
+    for fuse in (False, True):
+        got, fusions, declines = _ours(str(model_file(folder, 4)), cfg, IDS, fuse)
+        runs[fuse] = got
+        err = np.abs(got - want).max() / scale
+        assert 1e-5 < err < 6e-2, (fuse, err)  # (above 1e-5: int8, not float32)
+        top = np.sort(want, -1)
+        clear = top[:, -1] - top[:, -2] > 2 * err * scale
+        assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    blocks = [f for f, _ in fusions if f.endswith("/DecoderBlock")]
+    assert len(blocks) == cfg.num_layers and not declines, (fusions, declines)
+    assert np.abs(runs[True] - runs[False]).max() / scale < 2e-2
+
+
 def test_gemma3_graph_has_the_architecture_features(built):
     import onnx
 
@@ -335,7 +377,11 @@ LLAMACPP = Path(__file__).parent / "data" / "llamacpp_tiny_archs.json"
 def test_arch_top1_equals_llama_cpp(built, case):
     """llama.cpp's teacher-forced top-1 on the same file (recorded by
     tools/record_llamacpp.py), wherever its top-2 margin exceeds 0.05 logit
-    (llama.cpp's CPU kernels round activations to 8 bits)."""
+    and 5 % of the position's logit standard deviation: llama.cpp's CPU
+    kernels round activations to 8 bits and keep the KV cache in float16, so
+    its margins differ from the float64 reference's by up to ~0.3 logit on
+    these random files (phi3-q6_k's last position: llama.cpp 0.21 one way,
+    the float64 reference 0.18 the other, at a logit std of 4.9)."""
     import hashlib
     import json
 
@@ -346,8 +392,9 @@ def test_arch_top1_equals_llama_cpp(built, case):
     if hashlib.sha256(src.read_bytes()).hexdigest() != rec["sha256"]:
         pytest.skip("the tiny GGUF differs from the recorded one (gguf writer changed?)")
     dec = OrtDecoder(folder)
-    got = np.concatenate([dec.step(IDS[:5])] + [dec.step([t]) for t in IDS[5:]]).argmax(-1)
-    clear = np.array(rec["margins"]) > 0.05
+    logits = np.concatenate([dec.step(IDS[:5])] + [dec.step([t]) for t in IDS[5:]])
+    got = logits.argmax(-1)
+    clear = np.array(rec["margins"]) > np.maximum(0.05, 0.05 * logits.std(-1))
     assert clear.sum() >= len(IDS) // 2
     assert np.array_equal(got[clear], np.array(rec["top1"])[clear]), (got, rec["top1"])
 

@@ -34,6 +34,11 @@ QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 F16_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
+def _int8_available() -> bool:
+    from actorrt.providers.cpu.llm import _contrib_int8
+    return _contrib_int8.HAVE_INT8_DOT
+
+
 def raw_tensor(kind: str, rows: int, cols: int, seed: int = 0, d_max: float = 0.02) -> np.ndarray:
     """(rows, cols // block * bytes) uint8 blocks of GGML type ``kind``."""
     rng = np.random.default_rng(seed)
@@ -113,3 +118,38 @@ def test_matmul_nbits_on_packed_weights_equals_dequantized_product(kind, tmp_pat
                 ours = sess.run(None, {"A": x})[0]
             # int8 activations: per-32-block int8 rounding of x (relative ~1/254 a block)
             assert np.max(np.abs(ours - ref) / scale) < tol, (kind, m, level)
+
+
+@pytest.mark.skipif(not _int8_available(), reason="needs numba and an AVX2 CPU")
+@pytest.mark.parametrize("kind", QUANTIZED_TYPES)
+async def test_accuracy_level_4_runs_every_type_on_the_int8_kernels(kind, tmp_path):
+    """Level 4: the MatMulNBits of every type runs the int8-activation kernels
+    (block 32 and block 16 alike) and computes exactly the product of the
+    int8-rounded activations (per 32 values, the op's definition, in numpy)
+    with the file's weights; the 8-bit affine types' correction term stays
+    float32 (``x @ correction``)."""
+    import actorrt
+    from tests.providers.cpu.llm.test_contrib_int8 import int8_activations
+
+    rng = np.random.default_rng(9)
+    rows, cols = shapes(kind)[2]
+    raw = raw_tensor(kind, rows, cols, 7)
+    w = dequantize(raw, Q[kind]).reshape(rows, cols).astype(np.float64)
+    qr = _split(kind, raw, rows, cols)
+    parts = nbits_parts(qr)
+    corr = np.zeros_like(w)
+    if parts["correction"] is not None:  # (n_blocks, N): per 32-value block of K
+        corr = np.repeat(parts["correction"].T.astype(np.float64), qr.block, axis=1)
+    for m in (1, 5):
+        x = (rng.standard_normal((1, m, cols)) * rng.choice([0.1, 1.0, 30.0], (1, m, cols))
+             ).astype(np.float32)
+        x2 = x.reshape(m, cols)
+        ref = int8_activations(x2) @ (w - corr).T + x2.astype(np.float64) @ corr.T
+        scale = np.abs(x2).astype(np.float64) @ np.abs(w).T + 1e-30
+        async with actorrt.open_session(_nbits_model(tmp_path / f"m{m}", qr, m, 4),
+                                        options=actorrt.SessionOptions(trace="ops")) as sess:
+            (got,) = await sess.run(None, {"A": x})
+            variants = [s.args.get("kernel_variant.matmul", {}).get("variant")
+                        for s in sess.tracer.spans]
+        assert "int8-dot" in variants and "f32-numba" not in variants, (kind, variants)
+        assert np.max(np.abs(got.reshape(m, rows) - ref) / scale) < 1e-5, (kind, m)

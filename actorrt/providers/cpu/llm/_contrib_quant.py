@@ -13,6 +13,9 @@ MatMulNBits prepacks its constant weight once (:meth:`MatMulNBits.prepare`):
   take integer dot products over the packed weights (4-bit: still two values
   per byte, 0.75 bytes per weight with the scales), as onnxruntime's CompInt8
   path does.
+* ``accuracy_level=4``, block_size 16 (GGUF Q2_K, Q3_K, Q6_K), 4- or 8-bit:
+  the same int8 activations, the integer sums and scales taken per 16-value
+  sub-block (:mod:`._contrib_int8_b16`).
 * numba absent: B is dequantized once to a float32 (N, K) matrix and every call
   is one BLAS product.
 """
@@ -32,6 +35,7 @@ from ..registry import cpu_kernel
 
 _nb = lazy_module(f"{__package__}._contrib_numba", globals(), "_nb")  # numba on first use
 _i8 = lazy_module(f"{__package__}._contrib_int8", globals(), "_i8")  # numba on first use
+_b16 = lazy_module(f"{__package__}._contrib_int8_b16", globals(), "_b16")
 
 MS = "com.microsoft"
 _LOW = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -83,6 +87,10 @@ class PackedNBits:
             the same uint8/int8 array when float16 scales are embedded in the
             weight stream; ``dz`` the empty ``NO_ZERO_POINTS`` when 8-bit
             blocks have no zero-point terms), else ``None``.
+        i16: the int8-activation layout of 16-value blocks
+            (:func:`._contrib_int8_b16.pack_b16`: ``(w, d, dz)``), else ``None``.
+            Kept apart from ``qi``: the fused blocks read ``qi`` as the
+            block-32 layout.
     """
 
     k: int
@@ -96,6 +104,7 @@ class PackedNBits:
     empty: bool = False
     qi: np.ndarray | None = None
     dz: np.ndarray | None = None
+    i16: tuple | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -112,8 +121,8 @@ def _zero_points(zp: np.ndarray | None, *, n: int, nb: int, bits: int) -> np.nda
 
 def int8_eligible(bits: int, block_size: int) -> bool:
     """Whether the int8-activation kernels can run a MatMulNBits with these
-    attributes on this machine (4/8 bits, block_size 32, AVX2 + numba)."""
-    return _i8.HAVE_INT8_DOT and bits in (4, 8) and block_size == _i8.BLOCK
+    attributes on this machine (4/8 bits, block_size 32 or 16, AVX2 + numba)."""
+    return _i8.HAVE_INT8_DOT and bits in (4, 8) and block_size in (_i8.BLOCK, _b16.BLOCK)
 
 
 def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, *, k: int,
@@ -136,6 +145,8 @@ def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None
     b = np.ascontiguousarray(b, np.uint8).reshape(n, nb, blob)
     sc = _f32(scales).astype(np.float32).reshape(n, nb)
     zps = _zero_points(zero_points, n=n, nb=nb, bits=bits)
+    if int8 and use_numba and int8_eligible(bits, block_size) and block_size == _b16.BLOCK:
+        return PackedNBits(k, n, bits, block_size, i16=_b16.pack_b16(b, sc, zps, bits))
     if int8 and use_numba and int8_eligible(bits, block_size):
         qi, d, dz = _i8.pack_i8(b, sc, zps, bits)
         return PackedNBits(k, n, bits, block_size, scales=d, qi=qi, dz=dz)
@@ -151,8 +162,11 @@ def pack_nbits(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None
 
 
 def _pad_k(a: np.ndarray, p: PackedNBits) -> np.ndarray:
-    """(M, K) float32 -> C-contiguous (M, n_blocks * block_size), zero-padded past K."""
+    """(M, K) float32 -> C-contiguous (M, n_blocks * block_size), zero-padded past K
+    (the block-16 int8 layout: to a multiple of 32)."""
     kp = p.n_blocks * p.block_size
+    if p.i16 is not None:
+        kp = -(-p.k // 32) * 32
     if kp != p.k:
         a = np.concatenate([a, np.zeros((a.shape[0], kp - p.k), np.float32)], axis=1)
     return np.ascontiguousarray(a)
@@ -167,6 +181,8 @@ def matmul_nbits_numba(a: np.ndarray, p: PackedNBits) -> np.ndarray:
     ap = _pad_k(a, p)
     if p.qi is not None:
         _i8.gemm_i8(ap, p.qi, p.scales, p.dz, p.bits, out)
+    elif p.i16 is not None:
+        _b16.gemm_b16(ap, *p.i16, out)
     elif m == 1:
         _nb.gemv_q8(ap, p.q, p.scales, p.zps, out)
     else:
@@ -229,8 +245,9 @@ class MatMulNBits(Kernel):
                           int8=self.int8)
 
     def _variant(self, p: PackedNBits) -> None:
-        if p.qi is not None:
-            tracing.kernel_variant("matmul", "int8-dot", "accuracy_level=4, %d-bit", p.bits)
+        if p.qi is not None or p.i16 is not None:
+            tracing.kernel_variant("matmul", "int8-dot", "accuracy_level=4, %d-bit, block %d",
+                                   p.bits, p.block_size)
         elif p.q is not None:
             tracing.kernel_variant("matmul", "f32-numba", "%d-bit bytes", p.bits)
         elif not p.empty:
@@ -250,6 +267,8 @@ class MatMulNBits(Kernel):
             _nb.warm_up()
         if p.qi is not None:
             _i8.warm_up()
+        if p.i16 is not None:
+            _b16.warm_up()
         self.packed = p
 
     def compile(self):
@@ -257,6 +276,9 @@ class MatMulNBits(Kernel):
         that checks A and calls the GEMV/GEMM directly (about 4 µs of Python per
         call instead of ~25); anything else goes through :meth:`run`."""
         p = self.packed
+        if (p is not None and p.i16 is not None and not p.empty and p.k % 32 == 0
+                and not self.node.has_input(5)):
+            return self._compile_b16(p)
         if (p is None or (p.q is None and p.qi is None) or p.empty
                 or p.n_blocks * p.block_size != p.k or self.node.has_input(5)):
             return self.run
@@ -286,6 +308,25 @@ class MatMulNBits(Kernel):
 
         return matmul_nbits
 
+    def _compile_b16(self, p: PackedNBits):
+        """:meth:`compile`'s closure for the block-16 int8 layout (K a multiple of 32)."""
+        k, n, (w, d, dz) = self.k, self.n, p.i16
+        f32 = np.dtype(np.float32)
+        empty, run, variant, gemm = np.empty, self.run, self._variant, _b16.gemm_b16
+
+        def matmul_nbits_b16(A, *rest):
+            shape = A.shape
+            if A.dtype != f32 or not shape or shape[-1] != k or not A.flags.c_contiguous:
+                return run(A, *rest)
+            variant(p)
+            a = A.reshape(-1, k)
+            out = empty(shape[:-1] + (n,), f32)
+            if a.shape[0]:
+                gemm(a, w, d, dz, out.reshape(a.shape[0], n))
+            return out
+
+        return matmul_nbits_b16
+
     def run(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         p = self.packed if self.packed is not None else self._pack(B, scales, zero_points)
         if A.shape[-1] != self.k:
@@ -296,7 +337,8 @@ class MatMulNBits(Kernel):
             y = np.zeros(lead + (self.n,), np.float32)
         else:
             a = np.ascontiguousarray(_f32(A).reshape(-1, self.k), dtype=np.float32)
-            y = (matmul_nbits_numba(a, p) if p.q is not None or p.qi is not None
+            y = (matmul_nbits_numba(a, p)
+                 if p.q is not None or p.qi is not None or p.i16 is not None
                  else matmul_nbits_numpy(a, p))
             y = y.reshape(lead + (self.n,))
         if bias is not None:

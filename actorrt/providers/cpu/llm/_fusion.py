@@ -750,6 +750,9 @@ def fuse_decoder_blocks(steps: list, protected: set[int], consts: dict[int, Any]
             continue
         why: list[str] = []
         mt = _match(g, st, why)
+        if mt is None:  # gemma3 / qwen2 blocks, block-16 projections (int8)
+            from . import _fusion_variants
+            mt = _fusion_variants.match_variant(g, st, why)
         if mt is None:
             if declined is not None:
                 declined.append((st.node.name, why[0] if why else "the pattern differs"))
@@ -782,4 +785,5 @@ def _fused_step(mt: dict, consts: dict[int, Any], make_step: Callable[..., Any])
     cost = subs[0].cost
     for s in subs[1:]:
         cost = cost + s.cost
-    return make_step(node, gqa.provider, DecoderBlock(node, mt, subs), in_slots, out_slots, cost)
+    kernel = mt.get("kernel_class", DecoderBlock)(node, mt, subs)
+    return make_step(node, gqa.provider, kernel, in_slots, out_slots, cost)

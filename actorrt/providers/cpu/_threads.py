@@ -38,8 +38,12 @@ def apply(n: int | None) -> None:
     if _blas != n:
         with _lock:
             if _blas != n:
-                import threadpoolctl
-                threadpoolctl.threadpool_limits(limits=n, user_api="blas")
+                with _serial_lock:
+                    if _serial_depth:  # a serial_blas section is open: it restores n
+                        _serial_prev[:] = [n] * len(_blas_controllers())
+                    else:
+                        import threadpoolctl
+                        threadpoolctl.threadpool_limits(limits=n, user_api="blas")
                 _blas = n
     numba = sys.modules.get("numba")
     # only once something compiled loaded it, and only once that import has

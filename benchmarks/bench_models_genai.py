@@ -7,7 +7,8 @@ so machine drift hits both; medians are printed with the same-run ratios.
         [--rounds 3] [--llama-python PATH] [--levels 0,4,4u]
 
 ``4u``: level 4 with the gemma3/qwen2 variant blocks left unfused (the plan
-before _fusion_variants), for a same-run A/B.
+before _fusion_variants); ``4f``: level 4 with them fused (off by default:
+``_fusion_variants.VARIANT_BLOCKS``), for a same-run A/B.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ async def ours_once(folder, level, new_tokens: int):
     """level: 0, 4, or "4u" (level 4 with the variant blocks (gemma3, qwen2,
     block-16 projections) left unfused: the plan before that fusion)."""
     from actorrt.providers.cpu.llm import _fusion_variants
-    match = _fusion_variants.match_variant
+    match, on = _fusion_variants.match_variant, _fusion_variants.VARIANT_BLOCKS
     if level == "4u":
         _fusion_variants.match_variant = lambda g, gqa, why=None: None
+    if level == "4f":  # the variant blocks fused (off by default)
+        _fusion_variants.VARIANT_BLOCKS = True
     try:
-        return await _ours_once(folder, 4 if level == "4u" else level, new_tokens)
+        return await _ours_once(folder, 4 if level in ("4u", "4f") else level, new_tokens)
     finally:
-        _fusion_variants.match_variant = match
+        _fusion_variants.match_variant, _fusion_variants.VARIANT_BLOCKS = match, on
 
 
 async def _ours_once(folder, level: int, new_tokens: int):
@@ -61,9 +64,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--levels", default="0,4",
-                    help="comma-separated: 0, 4, 4u (level 4 without the variant-block fusion)")
+                    help="comma-separated: 0, 4, 4u (level 4 without the variant-block "
+                         "fusion), 4f (level 4 with it; off by default)")
     args = ap.parse_args()
-    levels = [x if x == "4u" else int(x) for x in args.levels.split(",")]
+    levels = [x if x in ("4u", "4f") else int(x) for x in args.levels.split(",")]
     from actorrt.genai.models import _source_gguf, model_home
     from actorrt.genai.tokenizer import load_tokenizer
     from actorrt.providers.cpu.llm import _contrib_numba
@@ -85,7 +89,7 @@ def main() -> None:
     print(f"{'':28} {'prompt tok/s':>13} {'decode tok/s':>13}")
     rows = {}
     names = {0: "actorrt accuracy_level 0", 4: "actorrt accuracy_level 4",
-             "4u": "level 4, variant unfused"}
+             "4u": "level 4, variant unfused", "4f": "level 4, variant fused"}
     for key, name in [(lv, names[lv]) for lv in levels] + [("llama", "llama.cpp, same GGUF")]:
         if not res[key]:
             print(f"{name:28} not installed")

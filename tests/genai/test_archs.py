@@ -324,7 +324,7 @@ _SLOW = pytest.mark.slow
                                   *(pytest.param(c, marks=_SLOW)
                                     for c in ("phi3-q6_k", "llama-q3_k", "qwen2-q4_k",
                                               "qwen2"))])
-def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, case):
+def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, case, monkeypatch):
     """The accuracy level 4 graph (int8 activations, block-16 K-quants
     included): logits within the int8 activation error of onnxruntime's level
     0 logits (6e-2 of the logit scale on these random files; qwen2 Q8_0: 4.5e-2),
@@ -334,7 +334,9 @@ def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, cas
     fused blocks within the int8 error of the unfused nodes (one layer of
     them: bit for bit but for a rare int8 rounding flip)."""
     from actorrt.genai.models import model_file
+    from actorrt.providers.cpu.llm import _fusion_variants
 
+    monkeypatch.setattr(_fusion_variants, "VARIANT_BLOCKS", True)  # off by default
     _, folder = built(case)
     cfg = load_genai_config(folder)
     dec = OrtDecoder(folder)

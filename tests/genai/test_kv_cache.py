@@ -253,3 +253,21 @@ def test_prefix_blocks_are_reference_counted():
     assert cache.evictions == 1 and cache.cached_blocks == 1 and cache.free_blocks == 1
     cache.release(e)
     assert cache.free_blocks == 4 and acc.statistics().live_by_role["kv-cache"] == 0
+
+
+async def test_variant_blocks_on_a_paged_cache_equal_the_contiguous_layout(tmp_path, monkeypatch):
+    # gemma3's fused variant blocks (turned on) meet the paged pools: they
+    # hand the block to the original kernels, which read the block table
+    from actorrt.providers.cpu.llm import _contrib_int8, _fusion_variants
+    from tests.genai.test_archs import CASES, write_arch_gguf
+
+    if not _contrib_int8.HAVE_INT8_DOT:
+        pytest.skip("the variant blocks need the int8 kernels (AVX2)")
+    monkeypatch.setattr(_fusion_variants, "VARIANT_BLOCKS", True)
+    src = write_arch_gguf(tmp_path / "gemma3.gguf", **CASES["gemma3"])
+    folder = prepare_model(src, home=tmp_path / "home", progress=False)
+    arrivals = [(0.01 * i, n, 5) for i, n in enumerate((3, 17, 9))]
+    with trio.fail_after(600):
+        want, _ = await _serve(folder, "contiguous", arrivals, max_batch=4)
+        got, _ = await _serve(folder, "paged", arrivals, max_batch=4)
+    assert got == want

@@ -31,6 +31,7 @@ from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 from . import _fusion as _fu
 from ._fused import StepGraph
+from .paged import is_paged
 
 __all__ = ["VariantBlock", "match_variant", "VARIANT"]
 
@@ -330,6 +331,10 @@ class VariantBlock(_fu.DecoderBlock):
             if (h.dtype != f32 or residual.dtype != f32 or h.ndim != 3 or h.shape[2] != hidden
                     or residual.shape != h.shape or not h.flags.c_contiguous
                     or not residual.flags.c_contiguous):
+                return fallback(h, residual, past_key, past_value, seqlens_k,
+                                total_sequence_length, cos_cache, sin_cache)
+            if type(past_key) is not np.ndarray and is_paged(past_key):
+                # a paged cache: the original kernels read its block table
                 return fallback(h, residual, past_key, past_value, seqlens_k,
                                 total_sequence_length, cos_cache, sin_cache)
             bsz, s = h.shape[0], h.shape[1]

@@ -137,7 +137,9 @@ def read_bandwidth(threads: int, nbytes: int = 256 << 20) -> float:
 
 
 async def ours(folder, new_tokens: int, levels: list[int], rounds_n: int, accuracy_level: int):
-    async with open_engine(folder, max_batch=max(levels), accuracy_level=accuracy_level) as engine:
+    # prefix caching off: every prompt is computed (the same prompt repeats)
+    async with open_engine(folder, max_batch=max(levels), accuracy_level=accuracy_level,
+                           prefix_caching=False) as engine:
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         singles, rounds = [], []
@@ -164,7 +166,9 @@ async def ours_batched(job: dict) -> dict:
     levels = job["levels"]
     params = SamplingParams(max_new_tokens=job["new_tokens"], ignore_eos=True)
     curve, prefill = {}, {}
-    async with open_engine(folder, max_batch=max(levels)) as engine:
+    # prefix caching off: the same prompts repeat across rounds and lengths, and
+    # a cached prefix would skip the prefill this table measures
+    async with open_engine(folder, max_batch=max(levels), prefix_caching=False) as engine:
         await engine.generate(job["ids"], SamplingParams(max_new_tokens=4))  # warm-up
         for n in levels:
             best = 0.0

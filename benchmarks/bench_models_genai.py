@@ -42,7 +42,9 @@ async def ours_once(folder, level, new_tokens: int):
 
 
 async def _ours_once(folder, level: int, new_tokens: int):
-    async with open_engine(folder, max_batch=1, accuracy_level=level) as engine:
+    # prefix caching off: the prompt repeats, and its tok/s is what is measured
+    async with open_engine(folder, max_batch=1, accuracy_level=level,
+                           prefix_caching=False) as engine:
         await engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # warm-up
         r = await engine.generate(PROMPT, SamplingParams(max_new_tokens=new_tokens,
                                                          ignore_eos=True))

@@ -111,14 +111,17 @@ if HAVE_NUMBA:
         for nc in range(start, stop):
             _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
-    @njit(nogil=True, cache=True)
+    # row views and a reassociable float64 sum (fastmath), so the loop
+    # vectorizes: the 3-D element loop ran scalar (~20x onnxruntime's time)
+    @njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
     def _global_avg(x, y):  # pragma: no cover - compiled
         n, c, s = x.shape
         for b in range(n):
             for ch in range(c):
+                xr = x[b, ch]
                 acc = 0.0
                 for k in range(s):
-                    acc += x[b, ch, k]
+                    acc += xr[k]
                 y[b, ch] = acc / s
 
 

@@ -132,9 +132,11 @@ def _separable_max_pays(nc, kernel, out) -> bool:
 
 def _max_separable(x, kernel, strides, dil, out, pb, pe) -> np.ndarray:
     """2-D max pooling as a max over the window's rows (``kh`` passes over
-    whole rows), then over its columns (``kw`` strided passes); ``np.fmax``
-    skips NaN where the window has a number, as the tap loop. Exact (max in
-    any order); a window wholly in the padding gives ``-inf``."""
+    whole rows), then over its columns (``kw`` strided passes), of float
+    ``x (N, C, H, W)`` -> ``(N, C, OH, OW)``. Exact (max in any order).
+    ``np.fmax`` skips NaN where the window has a number; an all-NaN window
+    gives NaN (as the numpy tap path; the compiled loop gives ``-inf``), a
+    window wholly in the padding ``-inf``."""
     xp = pad_spatial(x, pb, pe, _lowest(x.dtype))
     (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dil, out
     v = xp[:, :, 0:(oh - 1) * sh + 1:sh].copy()

@@ -95,7 +95,7 @@ if HAVE_NUMBA:
             _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
 
     @njit(nogil=True, cache=True, fastmath=True, boundscheck=False, inline="always")
-    def _dw3x3_row(xp, wp, yr, iy0, sw, pl, lo, hi):  # pragma: no cover - compiled
+    def _dw3x3_row(xp, wp, yr, t, iy0, sw, pl, lo, hi):  # pragma: no cover - compiled
         """One output row of an undilated 3x3 depthwise plane whose input rows
         ``iy0 .. iy0 + 2`` are inside: columns ``[lo, hi)`` (every tap inside)
         in one pass, the edge columns tap by tap."""
@@ -115,15 +115,17 @@ if HAVE_NUMBA:
                 yv[q] = (w00 * a[q] + w01 * a[q + 1] + w02 * a[q + 2]
                          + w10 * b[q] + w11 * b[q + 1] + w12 * b[q + 2]
                          + w20 * c[q] + w21 * c[q + 1] + w22 * c[q + 2])
-        else:
-            e = s0 + (n - 1) * sw + 1
-            a0, a1, a2 = xp[iy0, s0:e:sw], xp[iy0, s0 + 1:e + 1:sw], xp[iy0, s0 + 2:e + 2:sw]
-            b0, b1, b2 = xp[iy0 + 1, s0:e:sw], xp[iy0 + 1, s0 + 1:e + 1:sw], xp[iy0 + 1, s0 + 2:e + 2:sw]
-            c0, c1, c2 = xp[iy0 + 2, s0:e:sw], xp[iy0 + 2, s0 + 1:e + 1:sw], xp[iy0 + 2, s0 + 2:e + 2:sw]
+        else:  # strided: the stride-1 row over the span (vectorized) into t, then every sw-th
+            L = (n - 1) * sw + 1
+            a = xp[iy0, s0:s0 + L + 2]
+            b = xp[iy0 + 1, s0:s0 + L + 2]
+            c = xp[iy0 + 2, s0:s0 + L + 2]
+            for q in range(L):
+                t[q] = (w00 * a[q] + w01 * a[q + 1] + w02 * a[q + 2]
+                        + w10 * b[q] + w11 * b[q + 1] + w12 * b[q + 2]
+                        + w20 * c[q] + w21 * c[q + 1] + w22 * c[q + 2])
             for q in range(n):
-                yv[q] = (w00 * a0[q] + w01 * a1[q] + w02 * a2[q]
-                         + w10 * b0[q] + w11 * b1[q] + w12 * b2[q]
-                         + w20 * c0[q] + w21 * c1[q] + w22 * c2[q])
+                yv[q] = t[q * sw]
         for ox in range(ow):
             if lo <= ox < hi:
                 continue
@@ -158,11 +160,12 @@ if HAVE_NUMBA:
         fast = kh == 3 and kw == 3 and dh == 1 and dw == 1
         lo3 = max(los[0], max(los[1], los[2]))
         hi3 = min(his[0], min(his[1], his[2]))
+        t = np.empty(wd if fast and sw > 1 else 1, x.dtype)  # _dw3x3_row's strided scratch
         for oy in range(oh):
             yr = yp[oy]
             iy0 = oy * sh - pt
             if fast and iy0 >= 0 and iy0 + 2 < h and hi3 > lo3:
-                _dw3x3_row(xp, wp, yr, iy0, sw, pl, lo3, hi3)
+                _dw3x3_row(xp, wp, yr, t, iy0, sw, pl, lo3, hi3)
                 continue
             for ox in range(ow):
                 yr[ox] = 0

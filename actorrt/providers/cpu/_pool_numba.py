@@ -65,24 +65,38 @@ if HAVE_NUMBA:
         for nc in range(start, stop):
             _maxpool_plane(x, y, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
-    @njit(nogil=True, cache=True)
+    # Separable (round 4): per output row the ``kh`` input rows are summed
+    # column by column into a scratch row (contiguous, vectorized), then the
+    # ``kw`` taps are taken from it: 2-2.5x faster than every tap from the 4-D
+    # input (the sum is reassociated: rows, then columns). MaxPool keeps its
+    # tap loop: the same separable form measured 2x slower there (numba did
+    # not vectorize the row max)
+    @njit(nogil=True, cache=True, boundscheck=False)
     def _avgpool_plane(x, y, cnt_h, cnt_w, b, ch, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
         h, w = x.shape[2], x.shape[3]
         oh, ow = y.shape[2], y.shape[3]
+        xp = x[b, ch]
+        yp = y[b, ch]
+        t = np.empty(w, x.dtype)
         for oy in range(oh):
-            for ox in range(ow):
-                y[b, ch, oy, ox] = 0
+            for q in range(w):
+                t[q] = 0
             for i in range(kh):
                 iy = oy * sh - pt + i * dh
                 if iy < 0 or iy >= h:
                     continue
-                for j in range(kw):
-                    off = j * dw - pl
-                    lo, hi = _span(ow, sw, off, w)
-                    for ox in range(lo, hi):
-                        y[b, ch, oy, ox] += x[b, ch, iy, ox * sw + off]
+                xr = xp[iy]
+                for q in range(w):
+                    t[q] += xr[q]
+            yr = yp[oy]
+            c = cnt_h[oy]
             for ox in range(ow):
-                y[b, ch, oy, ox] /= cnt_h[oy] * cnt_w[ox]
+                acc = t[0] * 0
+                for j in range(kw):
+                    ix = ox * sw + j * dw - pl
+                    if 0 <= ix < w:
+                        acc += t[ix]
+                yr[ox] = acc / (c * cnt_w[ox])
 
     @njit(parallel=True, nogil=True, cache=True)
     def _avgpool(x, y, cnt_h, cnt_w, kh, kw, sh, sw, dh, dw, pt, pl):  # pragma: no cover
@@ -97,14 +111,17 @@ if HAVE_NUMBA:
         for nc in range(start, stop):
             _avgpool_plane(x, y, cnt_h, cnt_w, nc // c, nc % c, kh, kw, sh, sw, dh, dw, pt, pl)
 
-    @njit(nogil=True, cache=True)
+    # row views and a reassociable float64 sum (fastmath), so the loop
+    # vectorizes: the 3-D element loop ran scalar (~20x onnxruntime's time)
+    @njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
     def _global_avg(x, y):  # pragma: no cover - compiled
         n, c, s = x.shape
         for b in range(n):
             for ch in range(c):
+                xr = x[b, ch]
                 acc = 0.0
                 for k in range(s):
-                    acc += x[b, ch, k]
+                    acc += xr[k]
                 y[b, ch] = acc / s
 
 

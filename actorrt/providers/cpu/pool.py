@@ -115,6 +115,39 @@ def _lowest(dtype):
     return -np.inf
 
 
+#: 2-D MaxPool (no Indices) of at least this many output elements times taps
+#: runs separably in numpy (:func:`_max_separable`) on the calling thread
+#: instead of the compiled tap loop, unless that loop would be split across
+#: several intra-op threads. The compiled loop's row max does not vectorize
+#: (numba 0.61); ``np.fmax`` over whole rows does: 1-7x faster from this size
+#: on the bench shapes (squeezenet, resnet50 stems), slower below (round 4)
+SEPARABLE_MAX_MIN_WORK = 1 << 17
+
+
+def _separable_max_pays(nc, kernel, out) -> bool:
+    from . import _conv_numba
+    work = math.prod(nc) * math.prod(out) * math.prod(kernel)
+    return work >= SEPARABLE_MAX_MIN_WORK and not _conv_numba.parallel_for(work)
+
+
+def _max_separable(x, kernel, strides, dil, out, pb, pe) -> np.ndarray:
+    """2-D max pooling as a max over the window's rows (``kh`` passes over
+    whole rows), then over its columns (``kw`` strided passes), of float
+    ``x (N, C, H, W)`` -> ``(N, C, OH, OW)``. Exact (max in any order).
+    ``np.fmax`` skips NaN where the window has a number; an all-NaN window
+    gives NaN (as the numpy tap path; the compiled loop gives ``-inf``), a
+    window wholly in the padding ``-inf``."""
+    xp = pad_spatial(x, pb, pe, _lowest(x.dtype))
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dil, out
+    v = xp[:, :, 0:(oh - 1) * sh + 1:sh].copy()
+    for i in range(1, kh):
+        np.fmax(v, xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh], out=v)
+    y = v[..., 0:(ow - 1) * sw + 1:sw].copy()
+    for j in range(1, kw):
+        np.fmax(y, v[..., j * dw:j * dw + (ow - 1) * sw + 1:sw], out=y)
+    return y
+
+
 @cpu_kernel("MaxPool", since=(1, 8, 10, 11, 12, 22))
 class MaxPool(Kernel):
     """ONNX MaxPool (opsets 1-22): (N, C, *D) -> Y (N, C, *out) and optional int64
@@ -136,6 +169,9 @@ class MaxPool(Kernel):
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
         pn = _compiled(x) if x.ndim == 4 and not want_idx else None
         if pn is not None:
+            if _separable_max_pays(x.shape[:2], kernel, out):
+                tracing.kernel_variant("pool", "separable", "kernel=%s", kernel)
+                return (_max_separable(x, kernel, strides, dil, out, pb, pe),)
             tracing.kernel_variant("pool", "compiled", "kernel=%s", kernel)
             return (pn.maxpool2d(x, kernel, strides, dil, pb, out),)
         xp = pad_spatial(x, pb, pe, _lowest(x.dtype))

@@ -24,6 +24,10 @@ CASES = [  # (n, c, h, w, m, (kh, kw), strides, pads, dilations, group, auto_pad
     (1, 2, 5, 4, 2, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 2, None),        # kernel past the image
     (1, 3, 10, 7, 4, (3, 3), (2, 2), None, (1, 1), 1, "SAME_UPPER"),
     (3, 8, 6, 6, 8, (3, 3), (1, 2), (1, 0, 1, 0), (1, 2), 8, None),
+    # depthwise 3x3 rows in one pass (interior) and tap by tap (edges)
+    (2, 7, 9, 11, 7, (3, 3), (1, 1), None, (1, 1), 7, "SAME_LOWER"),
+    (1, 4, 8, 13, 8, (3, 3), (2, 1), (0, 2, 1, 0), (1, 1), 4, None),       # x2, asymmetric pads
+    (1, 3, 5, 2, 3, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 3, None),        # no interior column
 ]
 
 

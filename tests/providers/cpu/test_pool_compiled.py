@@ -66,6 +66,39 @@ def test_maxpool(shape, attrs, dtype, compiled, monkeypatch):
     assert used == compiled
 
 
+@pytest.mark.parametrize("shape,attrs", CASES)
+def test_maxpool_separable(shape, attrs, monkeypatch):
+    """The separable numpy MaxPool (rows, then columns) from any size, against
+    onnxruntime, exactly."""
+    if not _pool_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    monkeypatch.setattr(pool, "SEPARABLE_MAX_MIN_WORK", 0)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, compiled_loop = _run("MaxPool", x, attrs, True, monkeypatch, opset=12)
+    assert got.shape == want.shape and not compiled_loop
+    np.testing.assert_array_equal(got, want)
+
+
+def test_maxpool_separable_skips_nan(monkeypatch):
+    """NaN is skipped where the window has a number; an all-NaN window gives
+    NaN (np.nanmax over 2x2 blocks as the oracle)."""
+    monkeypatch.setattr(pool, "SEPARABLE_MAX_MIN_WORK", 0)
+    x = RNG.standard_normal((2, 3, 6, 8)).astype(np.float32)
+    x.reshape(-1)[::3] = np.nan
+    x[0, 0, :2, :2] = np.nan
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)])
+    with actorrt.InferenceSession(m) as s:
+        got = s.run(None, {"x": x})[0]
+    with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore", RuntimeWarning)
+        want = np.nanmax(x.reshape(2, 3, 3, 2, 4, 2), axis=(3, 5))
+    assert np.isnan(got[0, 0, 0, 0])
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 @pytest.mark.parametrize("shape,attrs", CASES)
 def test_averagepool(shape, attrs, count_include_pad, compiled, monkeypatch):

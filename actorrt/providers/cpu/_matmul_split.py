@@ -29,7 +29,7 @@ import numpy as np
 
 from . import _parallel, _threads
 
-__all__ = ["matmul", "matmul_rows", "PARALLEL_MIN_FLOPS"]
+__all__ = ["matmul", "matmul_rows", "run_batched", "PARALLEL_MIN_FLOPS"]
 
 #: products below this many flops (2 * M * N * K summed over the batch) run as
 #: one call; at 2 threads on this machine a split 4 MFLOP GEMM broke even
@@ -96,23 +96,32 @@ def _split_gemv(v: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> 
     _parallel.run_chunks(chunk, len(parts), threads)
 
 
-def _split_batched(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
-    """``out[...] = a @ b`` with ``a``, ``b`` of ``out``'s rank (batch dims
-    1 or equal to ``out``'s), in blocks along the largest batch axis."""
+def run_batched(fn, operands, out: np.ndarray, threads: int) -> None:
+    """``fn(*parts, out=out_part)`` over blocks of ``out``'s largest batch
+    axis (all but the last two), one block per thread, on the chunk loop.
+
+    ``operands``: arrays of ``out``'s rank (or ``None``), each batch dim 1 or
+    equal to ``out``'s; a block takes a dim-1 operand whole. ``fn`` must fill
+    ``out_part`` and release the GIL for the blocks to overlap (BLAS, numpy
+    ufuncs on float arrays). Raises what ``fn`` raised."""
     batch = out.shape[:-2]
     ax = max(range(len(batch)), key=lambda d: batch[d])
     parts = _blocks(batch[ax], threads)
+    lead = (slice(None),) * ax
 
-    def part(x: np.ndarray, s: int, e: int) -> np.ndarray:
-        if x.shape[ax] == 1:
+    def part(x, s: int, e: int):
+        if x is None or x.shape[ax] == 1:
             return x
-        idx = (slice(None),) * ax + (slice(s, e),)
-        return x[idx]
+        return x[lead + (slice(s, e),)]
 
     def chunk(i: int) -> None:
         s, e = parts[i]
-        np.matmul(part(a, s, e), part(b, s, e), out=part(out, s, e))
+        fn(*(part(x, s, e) for x in operands), out=part(out, s, e))
     _parallel.run_chunks(chunk, len(parts), threads)
+
+
+def _matmul_out(a, b, *, out):
+    np.matmul(a, b, out=out)
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -167,5 +176,5 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     bb = b.reshape((1,) * (nd - b.ndim) + b.shape)
     out = np.empty(batch + (m, n), dtype=np.result_type(a, b))
     with _threads.serial_blas():
-        _split_batched(aa, bb, out, threads)
+        run_batched(_matmul_out, (aa, bb), out, threads)
     return out

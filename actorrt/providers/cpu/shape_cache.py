@@ -30,6 +30,14 @@ CACHE_SIZE = 64
 CACHE_MAX_ELEMENTS = 1 << 16
 
 
+def _readonly(v):
+    """A read-only view of a constant (a member never writes the plan's copy)."""
+    if isinstance(v, np.ndarray):
+        v = v.view()
+        v.flags.writeable = False
+    return v
+
+
 @cpu_kernel("ShapeSubgraph", domain="ai.actorrt")
 class ShapeSubgraph(Kernel):
     """Run the ``members`` once per tuple of input shapes (module docstring)."""
@@ -57,7 +65,7 @@ class ShapeSubgraph(Kernel):
         for m in node.attr("members"):
             k = CPU_KERNELS.lookup(m.domain, m.op_type, m.opset)(m)
             k.prepare(m.constant_inputs, {})
-            consts = {i: v for i, v in m.constant_inputs.items()}
+            consts = {i: _readonly(v) for i, v in m.constant_inputs.items()}
             self._members.append((m, k.compile(), k.multi_output, consts))
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()

@@ -13,8 +13,10 @@ dimensions, evaluated once per input signature.
   The new node runs just before the first outside reader of any group value
   (or where the last member was). Pre: at least two members, one of them a
   ``Shape`` / ``Size``; no member with a subgraph; every tensor whose shape
-  the group reads produced before that point (else the group is left as it
-  is). Post: the same values.
+  the group reads produced before that point; every outside reader an op of
+  the default domain (the LLM decoder-block fusion and prologue match the
+  shape nodes feeding com.microsoft attention ops); else the group is left
+  as it is. Post: the same values.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def _replace_group(ctx: OptContext, group: list, k: int) -> None:
             if not n:
                 continue
             readers = [r for r in ctx.consumers.get(n, []) if id(r) not in ids]
+            if any(r.domain != "" for r in readers):
+                return  # a contrib / engine op's shape operand (an LLM attention's
+                # total sequence length): the CPU provider's block fusion matches those
             for r in readers:  # before the first outside reader of a group value
                 at = min(at, order[id(r)])
             if readers or n in ctx.protected:

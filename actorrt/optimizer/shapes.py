@@ -16,7 +16,9 @@ dimensions, evaluated once per input signature.
   the group reads produced before that point; every outside reader an op of
   the default domain (the LLM decoder-block fusion and prologue match the
   shape nodes feeding com.microsoft attention ops); else the group is left
-  as it is. Post: the same values.
+  as it is. Graphs the CPU provider's LLM fusions may match (a
+  GroupQueryAttention, the mask-length ops, a quantized embedding table) are
+  not touched. Post: the same values.
 """
 
 from __future__ import annotations
@@ -39,8 +41,30 @@ SHAPE_OPS = frozenset({
 _ROOTS = frozenset({"Shape", "Size"})
 
 
+#: the CPU provider's LLM fusions (decoder blocks from a com.microsoft
+#: GroupQueryAttention; the decode prologue: attention-mask lengths from
+#: ReduceSum / Sub / Cast / Shape / Gather, a Gather of a 3-D int8 / uint8
+#: block table) match shape nodes themselves: graphs that may hold them are
+#: left to those (kept in step with ``providers.cpu.provider``'s own check)
+_LLM_MASK_OPS = frozenset({("", "ReduceSum"), ("", "Sub"), ("", "Cast"), ("", "Shape"), ("", "Gather")})
+
+
+def _llm_graph(ctx: OptContext) -> bool:
+    ops = {(s.domain or "", s.op_type) for s in ctx.specs}
+    if ("com.microsoft", "GroupQueryAttention") in ops or _LLM_MASK_OPS <= ops:
+        return True
+    for s in ctx.specs:
+        if s.op_type == "Gather" and not s.domain:
+            t = s.constant_inputs.get(0)
+            if t is not None and getattr(t, "ndim", 0) == 3 and str(t.dtype) in ("uint8", "int8"):
+                return True
+    return False
+
+
 def cache_shape_subgraphs(ctx: OptContext) -> None:
     """Shape-only node groups -> ``ai.actorrt:ShapeSubgraph`` (module docstring)."""
+    if _llm_graph(ctx):
+        return
     derived: set[str] = set()
     members: list = []
     for s in ctx.specs:

@@ -23,7 +23,9 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
   (:mod:`.transformer`), Add + LayerNormalization ->
   ``com.microsoft:SkipLayerNormalization`` (:mod:`.transformer`),
   MatMul - scale - [Add mask] - Softmax - MatMul ->
-  ``ai.actorrt:ScaledDotAttention`` (:mod:`.transformer`).
+  ``ai.actorrt:ScaledDotAttention`` (:mod:`.transformer`); shape-only node
+  groups (``Shape`` / ``Gather`` / ``Concat`` ... chains) ->
+  ``ai.actorrt:ShapeSubgraph``, run once per input signature (:mod:`.shapes`).
 
 Map:
 
@@ -33,6 +35,7 @@ Map:
 * :mod:`.conv` -- convolution and per-channel affine passes.
 * :mod:`.transformer` -- GELU, MatMul epilogue, skip-LayerNorm, attention;
   Transpose / Reshape cancellation.
+* :mod:`.shapes` -- shape subgraphs cached per input signature.
 
 Entry point: :func:`optimize`, called by the plan compiler
 (:mod:`actorrt._plan`) with the folded node list.
@@ -43,7 +46,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ._graph import OptContext
-from . import conv, transformer
+from . import conv, shapes, transformer
 
 __all__ = ["optimize", "parse_level", "LEVELS", "OptContext"]
 
@@ -64,6 +67,7 @@ PASSES: tuple[tuple[int, Callable[[OptContext], None]], ...] = (
     (2, transformer.fuse_skip_layer_norm),
     (2, conv.fuse_conv_activation),
     (2, conv.fuse_affine_activation),
+    (2, shapes.cache_shape_subgraphs),
 )
 
 

@@ -115,17 +115,22 @@ class OptContext:
                              if n and isinstance(self.consts.get(n), np.ndarray)},
             outer_scope=())
 
-    def replace(self, members: Sequence[NodeSpec], new: NodeSpec) -> None:
+    def replace(self, members: Sequence[NodeSpec], new: NodeSpec, at: int | None = None) -> None:
         """Replace ``members`` (a chain whose intermediates nothing else reads)
-        with ``new``, at the last member's position; logs the fusion."""
+        with ``new``, at the last member's position (or just before the node
+        now at index ``at`` of :attr:`specs`, when given); logs the fusion."""
         ids = {id(m) for m in members}
         last = max(i for i, s in enumerate(self.specs) if id(s) in ids)
         out = []
         for i, s in enumerate(self.specs):
-            if i == last:
+            if at is not None and i == at:
+                out.append(new)
+            if at is None and i == last:
                 out.append(new)
             elif id(s) not in ids:
                 out.append(s)
+        if at is not None and at >= len(self.specs):
+            out.append(new)
         order = {id(s): i for i, s in enumerate(self.specs)}
         names = tuple(m.name for m in sorted(members, key=lambda m: order[id(m)]))
         self.specs = out

@@ -15,25 +15,24 @@ contiguous values that are normalized together.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "PARALLEL_MIN_ELEMENTS"]
 
 #: the compiled path runs (tests switch it off to check the numpy one)
 COMPILED = True
-#: from this many elements (and two rows) the rows are split over the kernel threads
+#: from this many elements (and two rows) the rows are split over the intra-op
+#: threads: row blocks, one serial compiled call each, on the help-first chunk
+#: loop (:func:`._parallel.run_chunks`; numba's own parallel region waited for
+#: descheduled pool threads on the loaded 2-core machine)
 PARALLEL_MIN_ELEMENTS = 1 << 16
 
 try:
-    from numba import njit, prange
+    from numba import njit
     HAVE_NUMBA = True
 except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
-#: one parallel launch at a time (numba's workqueue layer aborts otherwise)
-_LAUNCH = threading.Lock()
 _NONE = np.zeros(1, np.float32)
 
 if HAVE_NUMBA:
@@ -79,10 +78,6 @@ if HAVE_NUMBA:
         for r in range(x.shape[0]):
             _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags)
 
-    @njit(nogil=True, cache=True, parallel=True)
-    def _rows_parallel(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
-        for r in prange(x.shape[0]):
-            _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags)
 
 
 def _vector(p, d: int):
@@ -148,11 +143,21 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
     mean = np.empty(rows, np.float32)
     inv = np.empty(rows, np.float32)
     eps = float(np.float32(epsilon))
+    threads = 1
     if rows >= 2 and rows * d >= PARALLEL_MIN_ELEMENTS:
-        with _LAUNCH:
-            _rows_parallel(x2, sk, bi, g, b, eps, y, s, mean, inv, flags)
-    else:
+        from . import _threads
+        threads = min(_threads.current(), rows)
+    if threads <= 1:
         _rows_serial(x2, sk, bi, g, b, eps, y, s, mean, inv, flags)
+    else:  # row blocks, one serial call each, on the help-first chunk loop
+        from . import _parallel
+        per = -(-rows // threads)
+
+        def block(i: int) -> None:
+            r = slice(i * per, (i + 1) * per)
+            _rows_serial(x2[r], sk[r] if flags & 1 else sk, bi, g, b, eps, y[r],
+                         s[r] if flags & 3 else s, mean[r], inv[r], flags)
+        _parallel.run_chunks(block, -(-rows // per), threads)
     total = None
     if keep_sum:
         total = s.reshape(x.shape) if flags & 3 else x

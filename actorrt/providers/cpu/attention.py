@@ -204,7 +204,39 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     from the graph optimizer's MatMul-scale-[Add]-Softmax-MatMul fusion):
     float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
     ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
-    The scores are scaled, masked and normalized in place."""
+    The scores are scaled, masked and normalized in place. At more than one
+    intra-op thread, products of at least ``_matmul_split.PARALLEL_MIN_FLOPS``
+    run as blocks of the largest batch axis (heads), each block's whole
+    attention on one thread with one-thread BLAS."""
+    from . import _matmul_split, _threads
+    threads = _threads.current()
+    if threads <= 1 or q.ndim < 3 or k.ndim < 2 or v.ndim < 2 or \
+            (mask is not None and mask.ndim > max(q.ndim, k.ndim, v.ndim)):
+        return _sdpa(q, k, v, mask, scale)
+    sq, d, t, dv = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
+                                mask.shape[:-2] if mask is not None and mask.ndim > 2 else ())
+    count = int(np.prod(batch)) if batch else 1
+    if count < 2 or 2 * count * sq * t * (d + dv) < _matmul_split.PARALLEL_MIN_FLOPS:
+        with _threads.serial_blas():
+            return _sdpa(q, k, v, mask, scale)
+    nd = len(batch) + 2
+    ops = [x.reshape((1,) * (nd - x.ndim) + x.shape) for x in (q, k, v)]
+    if mask is not None:
+        ops.append(mask.reshape((1,) * (nd - mask.ndim) + mask.shape) if mask.ndim >= 2
+                   else mask.reshape((1,) * (nd - 1) + mask.shape))
+    else:
+        ops.append(None)
+    out = np.empty(batch + (sq, dv), dtype=np.result_type(q, v))
+
+    def block(qb, kb, vb, mb, *, out):
+        _sdpa(qb, kb, vb, mb, scale, out=out)
+    with _threads.serial_blas():
+        _matmul_split.run_batched(block, ops, out, threads)
+    return out
+
+
+def _sdpa(q, k, v, mask, scale, out=None):
     s = np.matmul(q, k)
     if scale != 1.0:
         s *= s.dtype.type(scale)
@@ -216,7 +248,7 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
-    return np.matmul(s, v)
+    return np.matmul(s, v, out=out)
 
 
 @cpu_kernel("RotaryEmbedding", since=23)

@@ -3,7 +3,8 @@
 Spec: ONNX MatMul (1, 9, 13), Gemm (1, 6, 7, 9, 11, 13), MatMulInteger (10),
 QLinearMatMul (10, 21), Einsum (12, 28), Det (11, 22).
 
-float32 / float64 products go straight to ``np.matmul`` (BLAS sgemm / dgemm).
+float32 / float64 products go to BLAS sgemm / dgemm: one call, or above a
+flop threshold per-thread blocks of one-thread calls (:mod:`._matmul_split`).
 float16 / bfloat16 multiply in float32 (numpy has no half-precision BLAS) and
 round back; MatMulInteger / QLinearMatMul run in float64 BLAS, exact for 8-bit
 operands up to ``K ~ 1e11``; integer Gemm uses numpy's exact integer matmul.
@@ -17,7 +18,7 @@ import numpy as np
 
 from ... import _dtypes
 from .._contract import Kernel, NodeSpec, require
-from . import _epilogue
+from . import _epilogue, _matmul_split
 from ._reduce_util import LOW_PRECISION_FLOATS, upcast
 from .registry import cpu_kernel
 
@@ -45,26 +46,14 @@ def _compute(x: np.ndarray) -> np.ndarray:
 def _matmul_any(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` for any dtype and rank, in the input dtype, always an ndarray."""
     if a.dtype in LOW_PRECISION_FLOATS:
-        return np.asarray(np.matmul(upcast(a), upcast(b))).astype(a.dtype)
+        return np.asarray(_product(upcast(a), upcast(b))).astype(a.dtype)
+    if a.dtype in _BLAS_DTYPES and b.dtype == a.dtype:
+        return np.asarray(_product(a, b))
     return np.asarray(np.matmul(a, b))
 
 
-def matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b)`` for float32/float64 ``a`` ``(..., M, K)`` and a 2-D
-    ``b`` ``(K, N)``, as one 2-D BLAS product over every row of ``a``; one
-    row in all (a decode step's projection) is a GEMV. Shape ``(..., M, N)``,
-    a fresh array. numpy's stacked matmul runs a 3-D ``a`` as a loop of GEMMs
-    and a one-row GEMM at about half a GEMV's speed (measured 40 vs 22 µs for
-    256 x 768 here); other operand ranks go to ``np.matmul`` as they are."""
-    if b.ndim != 2 or a.ndim < 2:
-        return np.matmul(a, b)
-    k = a.shape[-1]
-    m = a.size // k if k else 0
-    if m == 1:
-        return np.dot(a.reshape(k), b).reshape(a.shape[:-1] + (b.shape[1],))
-    if a.ndim > 2 and m and a.flags.c_contiguous:
-        return np.matmul(a.reshape(m, k), b).reshape(a.shape[:-1] + (b.shape[1],))
-    return np.matmul(a, b)
+matmul_rows = _matmul_split.matmul_rows  # the one-thread 2-D / GEMV product (public name kept)
+_product = _matmul_split.matmul  # float32/64: split over the intra-op threads
 
 
 # -------------------------------------------------------------------------- MatMul
@@ -84,10 +73,8 @@ class MatMul(Kernel):
     def compile(self) -> Callable:
         ra, rb = _input_rank(self.node, 0), _input_rank(self.node, 1)
         dt = _input_dtype(self.node, 0)
-        if dt in _BLAS_DTYPES and ra is not None and rb == 2 and ra >= 2:
-            return matmul_rows  # one 2-D BLAS call (a GEMV for one row)
         if dt in _BLAS_DTYPES and ra is not None and rb is not None and ra >= 2 and rb >= 2:
-            return np.matmul  # bare BLAS call on the hot path
+            return _product  # BLAS, one call or per-thread blocks (_matmul_split)
         return _matmul_any
 
     def run(self, a, b):
@@ -151,7 +138,7 @@ class Gemm(Kernel):
             bb = _compute(b)
             if self.trans_b:
                 bb = bb.T
-        y = matmul_rows(aa, bb) if aa.dtype in _BLAS_DTYPES and bb.dtype == aa.dtype \
+        y = _product(aa, bb) if aa.dtype in _BLAS_DTYPES and bb.dtype == aa.dtype \
             else np.matmul(aa, bb)
         if integer:  # rare: exact integer product, float scaling, truncating cast
             if self.alpha != 1:
@@ -218,7 +205,7 @@ class MatMulEpilogue(Kernel):
         self._act = _epilogue.activation(node.attr("activation", ""))
 
     def run(self, a, b, bias):
-        y = matmul_rows(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype else np.matmul(a, b)
+        y = _product(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype else np.matmul(a, b)
         if y.dtype != bias.dtype or not isinstance(y, np.ndarray) or y.ndim == 0:
             y = np.asarray(y + bias)
         else:

@@ -1,7 +1,7 @@
 """ScaledDotAttention (the optimizer's MatMul-scale-mask-Softmax-MatMul
 fusion) against onnxruntime on the unfused graph: one query row (a decode
 step) and many, odd sizes, masks of every broadcast shape, a transposed
-(strided) key as GPT-2 exports it.
+(strided) key as GPT-2 exports it; at 1 thread and split by heads at 2.
 
 (A compiled scale-mask-softmax pass was measured 1.5-1.7x slower than
 numpy's vectorized exp on 64K scores and was not kept.)"""
@@ -54,7 +54,14 @@ def _attention_model(qs, ks, vs, mask_shape, scale_op, k_perm):
     (3, 2, 4, 6, 8, (3, 2, 4, 6), None),
 ])
 @pytest.mark.parametrize("strided_k", [False, True])
-def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, threads, monkeypatch):
+    if threads == 2:  # every product split by heads, whatever its size
+        from actorrt.providers.cpu import _matmul_split
+        from actorrt.providers.cpu import _parallel
+        monkeypatch.setattr(_matmul_split, "PARALLEL_MIN_FLOPS", 0)
+        real, seen = _parallel.run_chunks, []
+        monkeypatch.setattr(_parallel, "run_chunks", lambda fn, n, th: (seen.append(n), real(fn, n, th)))
     q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
     v = RNG.standard_normal((b, h, t, d + 1)).astype(np.float32)
     if strided_k:  # keys as (b, h, t, d), transposed by the graph as GPT-2 exports do
@@ -72,7 +79,9 @@ def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    with actorrt.InferenceSession(model) as sess:
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=threads)) as sess:
         got = sess.run(None, feeds)[0]
         assert "ScaledDotAttention" in [st.node.op_type for st in sess.session.plan.steps]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if threads == 2 and b * h > 1:
+        assert seen

@@ -24,8 +24,10 @@ def _gelu_model(shape):
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-@pytest.mark.parametrize("shape", [(7, 13), (1, 1, 1024), (3, 129, 37), (1, 64, 1024), (2, 40000)])
-def test_gelu_matches_onnxruntime(shape, compiled, monkeypatch):
+@pytest.mark.parametrize("shape", [(7, 13), (1, 1, 1024), (3, 129, 37), (1, 64, 1024), (2, 40000),
+                                   (3, 43691)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gelu_matches_onnxruntime(shape, compiled, threads, monkeypatch):
     if compiled and not _gelu_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     monkeypatch.setattr(_epilogue, "COMPILED_GELU", compiled)
@@ -33,9 +35,14 @@ def test_gelu_matches_onnxruntime(shape, compiled, monkeypatch):
     x.reshape(-1)[:3] = [0.0, -9.0, 9.0]
     m = _gelu_model(shape)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    with actorrt.InferenceSession(m) as s:
+    from actorrt.providers.cpu import _parallel
+    real, seen = _parallel.run_chunks, []
+    monkeypatch.setattr(_parallel, "run_chunks", lambda fn, n, th: (seen.append(n), real(fn, n, th)))
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
         got = s.run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    # split in per-thread blocks (odd sizes: a short last block) only at 2 threads, large arrays
+    assert bool(seen) == (compiled and threads == 2 and x.size >= _gelu_numba.PARALLEL_MIN_ELEMENTS)
 
 
 def test_compiled_gelu_declines_what_it_cannot_take():

@@ -74,3 +74,31 @@ def test_compiled_function_declines_what_it_does_not_take():
     assert s is x and mean.shape == (2,) and inv.shape == (2,)
     want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,d", [(96, 1024), (97, 769), (3, 40000)])
+@pytest.mark.parametrize("skip,bias,beta", [(False, False, True), (True, True, True), (True, False, False)])
+def test_row_blocks_on_two_threads_equal_one_thread_and_numpy(rows, d, skip, bias, beta, monkeypatch):
+    """Above PARALLEL_MIN_ELEMENTS at 2 intra-op threads the rows run as
+    blocks on the chunk loop (odd row counts: a short last block)."""
+    if not ln.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    from actorrt.providers.cpu import _parallel, _threads
+    x, g = _f((rows, d)), _f((d,), 1.0)
+    sk = _f((rows, d)) if skip else None
+    bi = _f((d,), 1.0) if bias else None
+    be = _f((d,), 1.0) if beta else None
+    monkeypatch.setattr(_threads, "current", lambda: 1)
+    one = ln.layer_norm(x, g, be, 1e-5, skip=sk, bias=bi, keep_sum=True)
+    real, seen = _parallel.run_chunks, []
+    monkeypatch.setattr(_parallel, "run_chunks", lambda fn, n, th: (seen.append(n), real(fn, n, th)))
+    monkeypatch.setattr(_threads, "current", lambda: 2)
+    two = ln.layer_norm(x, g, be, 1e-5, skip=sk, bias=bi, keep_sum=True)
+    assert seen == [2]
+    s64 = x.astype(np.float64) + (sk if skip else 0) + (bi if bias else 0)
+    mu = s64.mean(-1, keepdims=True)
+    want = (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + (be if beta else 0)
+    np.testing.assert_allclose(two[0], want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(one, two):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)

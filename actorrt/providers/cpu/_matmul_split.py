@@ -1,0 +1,180 @@
+"""Multi-threaded float products by our own partitioning over one-thread BLAS
+calls (as onnxruntime's MLAS tiles), for MatMul / Gemm / MatMulEpilogue.
+
+OpenBLAS's own threaded sgemm / sgemv waits at internal barriers for every
+pool thread; on a busy machine a descheduled pool thread stalls each call
+for a time slice (a 2-thread 64 x 1024 x 1024 sgemm measured 156 ms against
+10 ms on one thread). Here a product of at least :data:`PARALLEL_MIN_FLOPS`
+is cut into one block per intra-op thread (``_threads.current()``) and each
+block is one single-threaded BLAS call on the help-first chunk loop
+(:func:`._parallel.run_chunks`: the caller claims blocks too, so a helper not
+yet scheduled never holds it up):
+
+* 2-D ``b`` ``(K, N)`` with ``a`` ``(..., M, K)``: the ``R = prod(...) * M``
+  rows as one matrix; row blocks when ``R >= N`` (contiguous views), else
+  column blocks of ``b`` and of the output (strided views BLAS takes as
+  they are); a single row is a GEMV split by columns;
+* batched (both operands at least 2-D, batch dims broadcast as numpy does):
+  blocks along the output's largest batch axis.
+
+Below the threshold, and for products OpenBLAS itself runs on one thread,
+the product is one plain call; between the two, inside
+:class:`._threads.serial_blas` (one BLAS thread). At one intra-op thread
+nothing here adds work beyond :func:`matmul_rows`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _parallel, _threads
+
+__all__ = ["matmul", "matmul_rows", "run_batched", "PARALLEL_MIN_FLOPS"]
+
+#: products below this many flops (2 * M * N * K summed over the batch) run as
+#: one call; at 2 threads on this machine a split 4 MFLOP GEMM broke even
+PARALLEL_MIN_FLOPS = 1 << 22
+
+# OpenBLAS (interface/gemm.c, gemv.c; GEMM_MULTITHREAD_THRESHOLD 4) runs a
+# GEMM with M * N * K <= 262144 and a GEMV with M * N < 9216 on one thread
+# whatever its pool size: no pool switch needed for those
+_OPENBLAS_SERIAL_MNK = 262144
+_OPENBLAS_SERIAL_GEMV = 9216
+
+
+def matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` for float32/float64 ``a`` ``(..., M, K)`` and a 2-D
+    ``b`` ``(K, N)``, as one 2-D BLAS product over every row of ``a``; one
+    row in all (a decode step's projection) is a GEMV. Shape ``(..., M, N)``,
+    a fresh array. numpy's stacked matmul runs a 3-D ``a`` as a loop of GEMMs
+    and a one-row GEMM at about half a GEMV's speed (measured 40 vs 22 µs for
+    256 x 768 here); other operand ranks go to ``np.matmul`` as they are."""
+    if b.ndim != 2 or a.ndim < 2:
+        return np.matmul(a, b)
+    k = a.shape[-1]
+    m = a.size // k if k else 0
+    if m == 1:
+        return np.dot(a.reshape(k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    if a.ndim > 2 and m and a.flags.c_contiguous:
+        return np.matmul(a.reshape(m, k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    return np.matmul(a, b)
+
+
+def _blocks(n: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """``parts`` near-equal ``[start, stop)`` ranges covering ``range(n)``,
+    block sizes rounded up to ``align``; fewer when ``n`` is small."""
+    size = -(-n // parts)
+    size = -(-size // align) * align
+    return [(s, min(n, s + size)) for s in range(0, n, size)]
+
+
+def _split_2d(a2: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """``out[...] = a2 @ b`` (``(R, K) @ (K, N)``) in per-thread blocks."""
+    r, n = out.shape
+    if r >= n or r >= 4 * threads * 16:
+        parts = _blocks(r, threads)
+
+        def chunk(i: int) -> None:
+            s, e = parts[i]
+            np.matmul(a2[s:e], b, out=out[s:e])
+    else:
+        parts = _blocks(n, threads, 16)
+
+        def chunk(i: int) -> None:
+            s, e = parts[i]
+            np.matmul(a2, b[:, s:e], out=out[:, s:e])
+    _parallel.run_chunks(chunk, len(parts), threads)
+
+
+def _split_gemv(v: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """``out[:] = v @ b`` (``(K,) @ (K, N)``) by column blocks."""
+    parts = _blocks(out.shape[0], threads, 64)
+
+    def chunk(i: int) -> None:
+        s, e = parts[i]
+        np.dot(v, b[:, s:e], out=out[s:e])
+    _parallel.run_chunks(chunk, len(parts), threads)
+
+
+def run_batched(fn, operands, out: np.ndarray, threads: int) -> None:
+    """``fn(*parts, out=out_part)`` over blocks of ``out``'s largest batch
+    axis (all but the last two), one block per thread, on the chunk loop.
+
+    ``operands``: arrays of ``out``'s rank (or ``None``), each batch dim 1 or
+    equal to ``out``'s; a block takes a dim-1 operand whole. ``fn`` must fill
+    ``out_part`` and release the GIL for the blocks to overlap (BLAS, numpy
+    ufuncs on float arrays). Raises what ``fn`` raised."""
+    batch = out.shape[:-2]
+    ax = max(range(len(batch)), key=lambda d: batch[d])
+    parts = _blocks(batch[ax], threads)
+    lead = (slice(None),) * ax
+
+    def part(x, s: int, e: int):
+        if x is None or x.shape[ax] == 1:
+            return x
+        return x[lead + (slice(s, e),)]
+
+    def chunk(i: int) -> None:
+        s, e = parts[i]
+        fn(*(part(x, s, e) for x in operands), out=part(out, s, e))
+    _parallel.run_chunks(chunk, len(parts), threads)
+
+
+def _matmul_out(a, b, *, out):
+    np.matmul(a, b, out=out)
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` for float32 / float64 operands of one dtype, any
+    ranks (1-D operands promoted and squeezed as numpy does), split over the
+    intra-op threads (module docstring). A fresh array of the broadcast
+    shape; ``ValueError`` (numpy's) on mismatched shapes."""
+    threads = _threads.current()
+    if threads <= 1 or a.ndim < 1 or b.ndim < 1:
+        return matmul_rows(a, b) if b.ndim == 2 else np.matmul(a, b)
+    if a.ndim == 1 or b.ndim == 1:
+        if a.ndim == 1 and b.ndim == 2:  # a GEMV (1-D times matrix)
+            out = matmul(a.reshape(1, -1), b)
+            return out.reshape(out.shape[1:])
+        return np.matmul(a, b)
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        return np.matmul(a, b)  # numpy raises its shape error
+    n = b.shape[-1]
+    if b.ndim == 2:
+        m = a.size // k if k else 0
+        mnk = m * n * k
+        if mnk == 0 or (mnk <= _OPENBLAS_SERIAL_MNK if m > 1 else k * n < _OPENBLAS_SERIAL_GEMV):
+            return matmul_rows(a, b)
+        with _threads.serial_blas():
+            if 2 * mnk < PARALLEL_MIN_FLOPS:
+                return matmul_rows(a, b)
+            if m == 1:
+                out = np.empty(n, dtype=np.result_type(a, b))
+                _split_gemv(a.reshape(k), b, out, threads)
+                return out.reshape(a.shape[:-1] + (n,))
+            a2 = a.reshape(m, k) if a.ndim == 2 or a.flags.c_contiguous else \
+                np.ascontiguousarray(a).reshape(m, k)
+            out = np.empty((m, n), dtype=np.result_type(a, b))
+            _split_2d(a2, b, out, threads)
+            return out.reshape(a.shape[:-1] + (n,))
+    # batched: numpy's broadcasting of the batch dims
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m = a.shape[-2]
+    count = int(np.prod(batch)) if batch else 1
+    mnk = count * m * n * k
+    if count == 1 and mnk:  # a batch of one: the 2-D product
+        out = matmul(a.reshape(m, k), b.reshape(k, n))
+        return out.reshape(batch + (m, n))
+    if mnk == 0 or 2 * mnk < PARALLEL_MIN_FLOPS:
+        if mnk == 0 or m * n * k <= _OPENBLAS_SERIAL_MNK:
+            return np.matmul(a, b)
+        with _threads.serial_blas():
+            return np.matmul(a, b)
+    nd = len(batch) + 2
+    aa = a.reshape((1,) * (nd - a.ndim) + a.shape)
+    bb = b.reshape((1,) * (nd - b.ndim) + b.shape)
+    out = np.empty(batch + (m, n), dtype=np.result_type(a, b))
+    with _threads.serial_blas():
+        run_batched(_matmul_out, (aa, bb), out, threads)
+    return out

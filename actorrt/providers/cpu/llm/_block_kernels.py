@@ -18,6 +18,7 @@ import numpy as np
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
 from . import _paged_kernels as _pk
+from . import _spin
 
 #: a projection splits over the threads from this many multiply-adds (M x N x K)
 PARALLEL_MIN_WORK = 1 << 16
@@ -25,6 +26,15 @@ PARALLEL_MIN_WORK = 1 << 16
 #: columns (a vocabulary of 49,152: 48 chunks, not ``parts``), so that a
 #: thread that starts late or is preempted leaves little of it to the other
 HEAD_CHUNK_COLUMNS = 1024
+#: rows a chunk of the row-wise stages (quantize, residual add + RMS norm,
+#: SiLU-mul): a decode batch of 8-16 rows is 2-4 chunks, so both threads
+#: work in them (each row's bits are the same whatever its chunk)
+ROW_CHUNK = 4
+#: a projection stage's work item (a row tile x a column chunk) has about
+#: this many multiply-adds or fewer (~10-15 us at the tiles' rate), at least
+#: ``parts`` chunks and ``cw`` columns a chunk: the thread that finishes
+#: last in a stage waits for at most one item
+ITEM_MACS = 1 << 19
 
 if _nb.HAVE_NUMBA:
     from numba import njit
@@ -100,8 +110,6 @@ if _nb.HAVE_NUMBA:
 
 
 if _i8.HAVE_INT8_DOT:
-    import platform
-
     from llvmlite import ir as _ir
     from numba import carray, prange, types
     from numba.core import cgutils
@@ -124,17 +132,6 @@ if _i8.HAVE_INT8_DOT:
             return builder.load_atomic(builder.gep(data, [args[1]]), "acquire", 8)
         return types.int64(arr, types.int64), codegen
 
-    @intrinsic
-    def _spin_pause(typingctx):
-        """The x86 ``pause`` hint inside a spin loop."""
-        def codegen(context, builder, sig, args):
-            if platform.machine().lower() in ("x86_64", "amd64"):
-                fn = cgutils.get_or_insert_function(
-                    builder.module, _ir.FunctionType(_ir.VoidType(), []), "llvm.x86.sse2.pause")
-                builder.call(fn, [])
-            return context.get_dummy_value()
-        return types.none(), codegen
-
     @njit(nogil=True, cache=True, inline="always")
     def _claim(ctr, stage):  # pragma: no cover - compiled
         return _atomic_add(ctr, 2 * stage, 1)
@@ -147,9 +144,11 @@ if _i8.HAVE_INT8_DOT:
     def _wait(ctr, stage, n):  # pragma: no cover - compiled
         # every chunk of the stage finished. Only chunks a running thread
         # claimed are waited for: a thread that never started claims none, so
-        # one thread alone finishes the region (no barrier, no deadlock)
+        # one thread alone finishes the region (no barrier, no deadlock); a
+        # long wait yields the core (_spin: an oversubscribed machine)
+        spins = 0
         while _atomic_get(ctr, 2 * stage + 1) < n:
-            _spin_pause()
+            spins = _spin.backoff(spins)
 
     @intrinsic
     def _prefetch_line(typingctx, arr, offset):
@@ -174,6 +173,7 @@ if _i8.HAVE_INT8_DOT:
         # the memory bus busy
         limit = w0.nbytes + w1.nbytes if pf & 2 else 0
         pos = 0
+        spins = 0
         while _atomic_get(ctr, 2 * stage + 1) < n:
             if pos < limit:
                 for _ in range(8):
@@ -183,7 +183,7 @@ if _i8.HAVE_INT8_DOT:
                         _prefetch_line(w1, pos - w0.nbytes)
                     pos += 64
             else:
-                _spin_pause()
+                spins = _spin.backoff(spins)
 
     # The int8 decoder block as one parallel region: every thread runs the
     # same stage program (_program) and claims chunks of each stage (column
@@ -196,14 +196,15 @@ if _i8.HAVE_INT8_DOT:
     @njit(nogil=True, cache=True)
     def _quantize_stage(stage, ctr, a, xq, sx, xsum, sx_t, xs_t, row_chunks, w0, w1,
                         pf):  # pragma: no cover - compiled
-        # a stage quantizing the rows of a, eight rows a chunk (the next
+        # a stage quantizing the rows of a, ROW_CHUNK rows a chunk (the next
         # stage's weights w0, w1 warmed while waiting)
         m = a.shape[0]
         while True:
             c = _claim(ctr, stage)
             if c >= row_chunks:
                 break
-            _i8._quantize_into(a, xq, sx, xsum, sx_t, xs_t, c * 8, min(m, c * 8 + 8))
+            r0 = c * ROW_CHUNK
+            _i8._quantize_into(a, xq, sx, xsum, sx_t, xs_t, r0, min(m, r0 + ROW_CHUNK))
             _done(ctr, stage)
         _wait_warm(ctr, stage, row_chunks, w0, w1, pf)
 
@@ -222,16 +223,22 @@ if _i8.HAVE_INT8_DOT:
     @njit(fastmath=True, nogil=True, cache=True)
     def _project(stage, ctr, xb, mats, outs, cw, parts, pf):  # pragma: no cover - compiled
         # up to three projections of the same quantized activation, their
-        # column chunks numbered one after another: each projection in about
-        # ``parts`` chunks of at least cw columns (a claimed chunk costs about
+        # column chunks numbered one after another: each projection in at
+        # least ``parts`` chunks of at least cw columns, of about ITEM_MACS
+        # multiply-adds a row tile where that is more (a claimed chunk costs about
         # a microsecond), each chunk in row tiles of ROW_BLOCK rows (one for
         # a decode batch); an item runs in _i8._cols' row x column tiles
         # (each weight block unpacked once per four rows)
         xq, sx, xsum, sx_t, xs_t = xb
         n0, n1, n2 = mats[0][0].shape[0], mats[1][0].shape[0], mats[2][0].shape[0]
-        w0 = max(cw, ((n0 + parts - 1) // parts + 3) // 4 * 4)
-        w1 = max(cw, ((n1 + parts - 1) // parts + 3) // 4 * 4)
-        w2 = max(cw, ((n2 + parts - 1) // parts + 3) // 4 * 4)
+        # more chunks where a row tile's work is large (ITEM_MACS an item)
+        tile = min(xq.shape[0], _i8.ROW_BLOCK) * xq.shape[1]
+        p0 = max(parts, tile * n0 // ITEM_MACS)
+        p1 = max(parts, tile * n1 // ITEM_MACS)
+        p2 = max(parts, tile * n2 // ITEM_MACS)
+        w0 = max(cw, ((n0 + p0 - 1) // p0 + 3) // 4 * 4)
+        w1 = max(cw, ((n1 + p1 - 1) // p1 + 3) // 4 * 4)
+        w2 = max(cw, ((n2 + p2 - 1) // p2 + 3) // 4 * 4)
         c0 = (n0 + w0 - 1) // w0
         c1 = (n1 + w1 - 1) // w1
         # (row tile, column chunk) work items: a chunk's row tiles one after
@@ -273,8 +280,8 @@ if _i8.HAVE_INT8_DOT:
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
         none = (nw, nd, nd)
-        # the row-wise steps are claimed eight rows at a time
-        row_chunks = (m + 7) // 8
+        # the row-wise steps are claimed ROW_CHUNK rows at a time
+        row_chunks = (m + ROW_CHUNK - 1) // ROW_CHUNK
         # 0. quantize h
         _quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks, qw, kw, pf)
         # 1. q, k, v projections (k and v empty when packed)
@@ -356,7 +363,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 3)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * ROW_CHUNK, min(m, (c + 1) * ROW_CHUNK)
             if spans > 1:  # one query row per batch row
                 for b in range(r0, r1):
                     for kh in range(kv_heads):
@@ -372,7 +379,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 5)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * ROW_CHUNK, min(m, (c + 1) * ROW_CHUNK)
             _nb._skip_rms_norm(o[r0:r1], res[r0:r1], g2, g2, False, eps2, y2[r0:r1],
                                inv[r0:r1], res2[r0:r1])
             _i8._quantize_into(y2, yq, ys, yx, yt, yu, r0, r1)
@@ -386,7 +393,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 7)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * ROW_CHUNK, min(m, (c + 1) * ROW_CHUNK)
             _nb._silu_mul(gate, up, r0, r1)
             _i8._quantize_into(gate, fq, fs, fx, ft, fu, r0, r1)
             _done(ctr, 7)
@@ -398,7 +405,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 9)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * ROW_CHUNK, min(m, (c + 1) * ROW_CHUNK)
             _nb._skip_rms_norm(down[r0:r1], res2[r0:r1], g3, g3, False, eps3, y3[r0:r1],
                                inv[r0:r1], res3[r0:r1])
             _done(ctr, 9)
@@ -544,15 +551,15 @@ if _i8.HAVE_INT8_DOT:
                 hc = ctrs[n_layers]
                 if head_rows.shape[0]:  # the rows it reads, gathered into hsrc
                     _gather_stage(0, hc, x, head_rows, hsrc)
-                    _quantize_stage(1, hc, hsrc, gq, gs, gx, gt, gu, (hsrc.shape[0] + 7) // 8,
-                                    hw, hw, 0)
+                    _quantize_stage(1, hc, hsrc, gq, gs, gx, gt, gu,
+                                    (hsrc.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK, hw, hw, 0)
                     _project(2, hc, (gq, gs, gx, gt, gu),
                              ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
                              (logits, logits, logits), cw,
                              max(parts, hw.shape[0] // HEAD_CHUNK_COLUMNS), 0)
                 else:
-                    _quantize_stage(1, hc, x, hq, hs, hx, ht, hu, (x.shape[0] + 7) // 8, hw, hw,
-                                    0)
+                    _quantize_stage(1, hc, x, hq, hs, hx, ht, hu,
+                                    (x.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK, hw, hw, 0)
                     _project(2, hc, (hq, hs, hx, ht, hu),
                              ((hw, hd, hz), (nw, nd, nd), (nw, nd, nd)),
                              (logits, logits, logits), cw,

@@ -8,7 +8,7 @@ One parallel region per block, as :func:`._block_kernels.region_block`: every
 thread runs the stage program (:func:`_program_v`) and claims chunks of each
 stage from atomic counters. The stages are the plain block's, plus:
 
-* 1b. (biases or q/k norms) per eight rows: ``+ bias`` on q, k, v (or on the
+* 1b. (biases or q/k norms) per ``ROW_CHUNK`` rows: ``+ bias`` on q, k, v (or on the
   packed qkv), then each q and k head's RMS norm with its ``(head_dim,)``
   gamma (ONNX SimplifiedLayerNormalization over the last axis);
 * 5 starts with the post-attention norm of ``o`` (when present), 9 with the
@@ -121,7 +121,7 @@ if _i8.HAVE_INT8_DOT:
         bsz, s_len = attn.shape[0], attn.shape[1]
         m = x.shape[0]
         none = (nw, nd, nd)
-        row_chunks = (m + 7) // 8
+        row_chunks = (m + _bk.ROW_CHUNK - 1) // _bk.ROW_CHUNK
         # 0. quantize h; 1. q, k, v projections (k and v empty when packed)
         _bk._quantize_stage(0, ctr, x, hq, hs, hx, ht, hu, row_chunks, qw, kw, pf)
         _project_v(1, ctr, (hq, hs, hx, ht, hu), ((qw, qd, qz), (kw, kd, kz), (vw, vd, vz)),
@@ -137,7 +137,7 @@ if _i8.HAVE_INT8_DOT:
                 c = _claim(ctr, 10)
                 if c >= row_chunks:
                     break
-                r0, r1 = c * 8, min(m, c * 8 + 8)
+                r0, r1 = c * _bk.ROW_CHUNK, min(m, (c + 1) * _bk.ROW_CHUNK)
                 if has_bias:
                     for r in range(r0, r1):
                         for j in range(nq):
@@ -211,7 +211,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 3)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * _bk.ROW_CHUNK, min(m, (c + 1) * _bk.ROW_CHUNK)
             if spans > 1:
                 for b in range(r0, r1):
                     for kh in range(kv_heads):
@@ -227,7 +227,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 5)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * _bk.ROW_CHUNK, min(m, (c + 1) * _bk.ROW_CHUNK)
             if has_pn2:
                 _nb._rms_norm(o[r0:r1], pn2, eps_p2, o[r0:r1], inv[r0:r1])
             _nb._skip_rms_norm(o[r0:r1], res[r0:r1], g2, g2, False, eps2, y2[r0:r1],
@@ -242,7 +242,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 7)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * _bk.ROW_CHUNK, min(m, (c + 1) * _bk.ROW_CHUNK)
             if gelu:
                 _gelu_tanh_mul(gate, up, r0, r1)
             else:
@@ -257,7 +257,7 @@ if _i8.HAVE_INT8_DOT:
             c = _claim(ctr, 9)
             if c >= row_chunks:
                 break
-            r0, r1 = c * 8, min(m, c * 8 + 8)
+            r0, r1 = c * _bk.ROW_CHUNK, min(m, (c + 1) * _bk.ROW_CHUNK)
             if has_pn3:
                 _nb._rms_norm(down[r0:r1], pn3, eps_p3, down[r0:r1], inv[r0:r1])
             _nb._skip_rms_norm(down[r0:r1], res2[r0:r1], g3, g3, False, eps3, y3[r0:r1],

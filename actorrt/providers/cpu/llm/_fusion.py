@@ -21,7 +21,7 @@ embedding and KV append, both norms and the SiLU gate run back to back with
 no Python between them. With int8 activations (``accuracy_level=4``) the
 whole block is one parallel region: every kernel thread runs the same stage
 program and claims chunks of each stage (column ranges of a projection,
-(batch row, KV head) pairs of attention, eight-row slices of the row-wise
+(batch row, KV head) pairs of attention, ``ROW_CHUNK``-row slices of the row-wise
 steps) from atomic counters, then waits until the stage's chunks are done.
 Only chunks that a running thread claimed are waited for, so a thread that
 never starts cannot hang the others: one thread alone finishes the block.

@@ -82,11 +82,12 @@ if HAVE_INT8_DOT:
 
     @njit(nogil=True, cache=True)
     def _quantize_into(a, xq, sx, xsum, sx_t, xs_t, r0, r1):  # pragma: no cover - compiled
-        # rows r0..r1 (r0 a multiple of 8) of _quantize_rows, then the
-        # (M // 8, nb, 8) transposed copies of their scales and sums that the
-        # eight-row kernel reads
+        # rows r0..r1 of _quantize_rows, then the (M // 8, nb, 8) transposed
+        # copies of the scales and sums of the eight-row groups wholly inside
+        # r0..r1 (no kernel reads them since the tiles replaced the eight-row
+        # kernel; the stage program's ROW_CHUNK-row chunks leave them unset)
         _quantize_rows(a[r0:r1], xq[r0:r1], sx[r0:r1], xsum[r0:r1])
-        for g in range(r0 // 8, min(r1 // 8, sx_t.shape[0])):
+        for g in range((r0 + 7) // 8, min(r1 // 8, sx_t.shape[0])):
             for b in range(sx_t.shape[1]):
                 for r in range(8):
                     sx_t[g, b, r] = sx[g * 8 + r, b]

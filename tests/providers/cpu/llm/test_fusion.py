@@ -159,18 +159,20 @@ async def test_stack_equals_the_blocks(tiny, kind, threads, monkeypatch):
 
 @pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
-async def test_parallel_region_equals_one_thread(tiny, kind, monkeypatch):
+@pytest.mark.parametrize("batch_lengths", [(0, 3), (0, 1, 2, 3, 4, 5)])
+async def test_parallel_region_equals_one_thread(tiny, kind, batch_lengths, monkeypatch):
     # the int8 block's stage program run by a team of threads claiming chunks
-    # gives the same bits as one thread running every chunk
+    # gives the same bits as one thread running every chunk; six rows: the
+    # row-wise stages' chunks of ROW_CHUNK rows split a decode batch (4 + 2)
     path, cfg = model_path(tiny, kind, 4)
     monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
     monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 1 << 40)
     one, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
-                             batch_lengths=(0, 3))
+                             batch_lengths=batch_lengths)
     monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
     with kernel_threads(2):
         team, _ = await run_steps(path, cfg, SessionOptions(), steps=(6, 1, 1),
-                                  batch_lengths=(0, 3))
+                                  batch_lengths=batch_lengths)
     for a, b in zip(one, team):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)

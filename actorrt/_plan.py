@@ -557,7 +557,8 @@ def _check_value(spec: IOSpec, value: Any, model: str) -> Any:
                     expected=type_string(vt), got=type(value).__name__, model=model)
         if vt.dtype is not None:
             want = _dtypes.to_numpy_dtype(vt.dtype)
-            got = value.dtype
+            # a stand-in (a paged KV pool) names the element type it is fed as
+            got = getattr(value, "feed_dtype", value.dtype)
             if got != want and not (want == np.dtype(object) and got.kind in "OUS"):
                 raise InvalidArgumentError(
                     f"input {spec.name!r} has the wrong element type", input=spec.name,

@@ -19,6 +19,11 @@ contiguous one (``kv_layout="contiguous"``), on the default model.
    system prompt (a distinct 16-token suffix each), with and without prefix
    caching: prompt tokens computed and time to first token of the 2nd..16th.
 
+4. **KV dtype** (``--kv-dtype``: this section only): decode tok/s (the
+   engine statistics') of ``--dtype-streams`` streams of ``--dtype-tokens``
+   greedy tokens after ``--dtype-context``-token prompts, float16 against
+   float32 pools, rounds interleaved, and the peak KV bytes of each.
+
 The machine's speed drifts: compare only ratios of the same run. Full run
 (the issue's sizes; minutes on 2 cores)::
 
@@ -166,8 +171,47 @@ async def prefix(folder, caching: bool, args) -> dict:
     return dict(computed=computed - skipped, first=ttft[0], rest=float(np.median(ttft[1:])))
 
 
+async def dtype_decode(folder, kv_dtype: str, streams: int, args) -> tuple[float, int]:
+    """(decode tok/s, peak KV bytes) of ``streams`` concurrent greedy
+    streams on a ``kv_dtype`` paged cache (prefix caching off)."""
+    rng = np.random.default_rng(args.seed + streams)
+    prompts = [ids(rng, args.dtype_context) for _ in range(streams)]
+    async with open_engine(folder, kv_dtype=kv_dtype, max_batch=streams,
+                           prefix_caching=False) as engine:
+        await engine.generate(ids(rng, 8), SamplingParams(max_new_tokens=2, ignore_eos=True))
+        base = engine.statistics()
+        async with trio.open_nursery() as nursery:
+            for p in prompts:
+                nursery.start_soon(engine.generate, p, SamplingParams(
+                    max_new_tokens=args.dtype_tokens, ignore_eos=True))
+        st = engine.statistics()
+        peak = engine.session._providers[0].statistics().memory.peak_by_role.get("kv-cache", 0)
+    toks = st.decode_tokens - base.decode_tokens
+    return toks / max(st.decode_time_s - base.decode_time_s, 1e-9), peak
+
+
+async def dtype_main(folder, args) -> None:
+    print(f"kv dtype: decode of {args.dtype_tokens} tokens after {args.dtype_context}-token "
+          f"prompts, paged cache")
+    order = ["float32", "float16"]
+    for streams in args.dtype_streams:
+        res: dict[str, list] = {}
+        for rnd in range(args.rounds):
+            for dt in (order if rnd % 2 == 0 else order[::-1]):
+                tps, peak = await dtype_decode(folder, dt, streams, args)
+                res.setdefault(dt, []).append(tps)
+                print(f"  {streams:2d} streams round {rnd} {dt}  decode {tps:7.1f} tok/s  peak KV "
+                      f"{peak / 2**20:7.1f} MiB", flush=True)
+        f16, f32 = np.median(res["float16"]), np.median(res["float32"])
+        print(f"  {streams:2d} streams float16/float32 decode tok/s (medians): {f16 / f32:.3f}",
+              flush=True)
+
+
 async def main(args) -> None:
     folder = prepare_model("smollm2", progress=False)
+    if args.kv_dtype:
+        await dtype_main(folder, args)
+        return
     layouts = ["paged", "contiguous"]
     print(f"trace: {args.requests} requests, Poisson {args.rate}/s, prompts "
           f"{args.min_prompt}-{args.max_prompt}, outputs {args.min_output}-{args.max_output}, "
@@ -214,4 +258,10 @@ if __name__ == "__main__":
     ap.add_argument("--system", type=int, default=512)
     ap.add_argument("--skip-join", action="store_true")
     ap.add_argument("--skip-prefix", action="store_true")
+    ap.add_argument("--kv-dtype", action="store_true",
+                    help="only the float16 vs float32 KV decode comparison")
+    ap.add_argument("--dtype-context", type=int, default=512)
+    ap.add_argument("--dtype-tokens", type=int, default=64)
+    ap.add_argument("--dtype-streams", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[1, 8])
     trio.run(main, ap.parse_args())

@@ -50,6 +50,16 @@ class KVStage:
         if self._cache is not None and self.prefix_caching:
             self._cache.register(req.blocks, tokens, req.prefilled)
 
+    def _register_finished(self, req: _Request) -> None:
+        """When ``req`` finishes, register the full blocks of every token its
+        cache holds, its prompt and generated tokens but the last (whose key
+        and value were never computed), in the prefix cache: a follow-up
+        turn whose prompt is this prompt + the answer takes them. Only
+        positions below ``req.length`` are registered: a decode step still
+        under way writes at or past it, never into a full block below it."""
+        if self._cache is not None and self.prefix_caching and req.blocks and req.length:
+            self._cache.register(req.blocks, req.prompt + req.generated, req.length)
+
     def _grow_decoding(self) -> list[_Request]:
         """Blocks for one more position of every decoding request; while the
         pool (or the memory limit) has none left, the newest request is
@@ -190,7 +200,8 @@ class KVStage:
         if room is not None:
             blocks = min(blocks, max(1, room // block_bytes))
         return KVCache(self._kv_names, self.kv_heads, self.head_dim, blocks,
-                       memory=self._host.memory, model=self.session.model_name)
+                       memory=self._host.memory, model=self.session.model_name,
+                       dtype=self.kv_dtype)
 
     def _run_ended(self) -> None:
         self._in_run = False

@@ -57,7 +57,8 @@ def generate_main(args: argparse.Namespace) -> int:
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
 
     async def main() -> None:
-        async with open_engine(args.model, accuracy_level=args.accuracy_level) as engine:
+        async with open_engine(args.model, accuracy_level=args.accuracy_level,
+                               kv_dtype=getattr(args, "kv_dtype", "float32")) as engine:
             nonlocal params
             if not (args.greedy or args.temperature is not None or args.top_k is not None
                     or args.top_p is not None):  # the model folder's sampling defaults

@@ -92,8 +92,10 @@ class Engine(KVStage, PrefillStage, DecodeStage):
 
     def __init__(self, session: Session, tokenizer: Any, config: dict, *, max_batch: int,
                  kv_budget_bytes: int | None, prefill_chunk: int, kv_layout: str = "paged",
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, kv_dtype: str = "float32"):
         self.session = session
+        #: the KV cache's element type (float16: paged layout only)
+        self.kv_dtype = np.dtype(kv_dtype)
         self.tokenizer = tokenizer
         self.config = config
         self.max_batch = max(1, int(max_batch))
@@ -122,7 +124,8 @@ class Engine(KVStage, PrefillStage, DecodeStage):
         self.default_params = SamplingParams(**search_to_sampling(
             {k: config[k] for k in ("do_sample", "temperature", "top_k", "top_p",
                                     "repetition_penalty") if k in config}))
-        self.bytes_per_token = len(self._layers) * 2 * self.kv_heads * self.head_dim * 4
+        self.bytes_per_token = (len(self._layers) * 2 * self.kv_heads * self.head_dim
+                                * self.kv_dtype.itemsize)
         self._output_index: tuple[int, list[int]] | None = None
         self._kv_names = [f"past_key_values.{layer}.{kv}" for layer in self._layers
                           for kv in ("key", "value")]
@@ -165,6 +168,10 @@ class Engine(KVStage, PrefillStage, DecodeStage):
         self._prefix_tokens = 0
         if kv_layout == "paged":
             self._cache = self._new_cache()
+        elif self.kv_dtype != np.float32:
+            raise InvalidArgumentError("kv_dtype float16 needs the paged KV cache",
+                                       expected='kv_layout="paged"', got=repr(kv_layout),
+                                       model=session.model_name)
 
     # ----------------------------------------------------------------- API
     def encode_prompt(self, prompt: Prompt, *, special_in_content: bool = False) -> list[int]:
@@ -518,6 +525,8 @@ class Engine(KVStage, PrefillStage, DecodeStage):
                 max(t_first - req.t_admit, 0.0) if req.t_admit else 0.0,
                 max(req.t_last - t_first, 0.0)))
 
+        if not req.done and reason != "cancelled":
+            self._register_finished(req)
         self._retire(req, deliver)
 
     async def _shutdown(self) -> None:
@@ -547,7 +556,8 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 home: str | Path | None = None,
                 accuracy_level: int | None = None,
                 kv_layout: str = "paged",
-                prefix_caching: bool = True) -> AsyncContextManager[Engine]:
+                prefix_caching: bool = True,
+                kv_dtype: str = "float32") -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -596,24 +606,38 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             prefill only the rest (``statistics().prefix_hits`` and
             ``prefix_tokens_skipped``); unused cached blocks are evicted,
             least recently used first, when blocks run out.
+        kv_dtype: the KV cache's element type: ``"float32"`` (the default)
+            or ``"float16"`` (paged layout on the CPU provider only: IEEE
+            half values, half the bytes a token; the attention kernels
+            convert each key and value to float32 as they read it and round
+            new ones to half, to nearest even, as they write them).
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
             unknown ``accuracy_level``.
         InvalidArgumentError: bad ``options`` or ``providers`` (as
-            :func:`actorrt.open_session`).
+            :func:`actorrt.open_session`); an unknown ``kv_layout`` or
+            ``kv_dtype``; ``kv_dtype="float16"`` with the contiguous layout
+            or a session on another provider than the CPU.
     """
     if options is not None:
         options = SessionOptions.check(options)
     if kv_layout not in ("paged", "contiguous"):
         raise InvalidArgumentError("unknown kv_layout", expected='"paged" or "contiguous"',
                                    got=repr(kv_layout))
+    if kv_dtype not in ("float32", "float16"):
+        raise InvalidArgumentError("unknown kv_dtype", expected='"float32" or "float16"',
+                                   got=repr(kv_dtype))
+    if kv_dtype == "float16" and kv_layout != "paged":
+        raise InvalidArgumentError(
+            "kv_dtype float16 needs the paged KV cache: the contiguous layout's kernels "
+            "read float32 buffers", expected='kv_layout="paged"', got=repr(kv_layout))
     return UnwrapGroups(_open_engine(model, max_batch=max_batch,
                                      kv_budget_bytes=kv_budget_bytes,
                                      prefill_chunk=prefill_chunk, providers=providers,
                                      options=options, home=home,
                                      accuracy_level=accuracy_level, kv_layout=kv_layout,
-                                     prefix_caching=prefix_caching))
+                                     prefix_caching=prefix_caching, kv_dtype=kv_dtype))
 
 
 @asynccontextmanager
@@ -621,7 +645,8 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
                        prefill_chunk: int, providers: Sequence[Any] | None,
                        options: SessionOptions | None, home: str | Path | None,
                        accuracy_level: int | None, kv_layout: str,
-                       prefix_caching: bool = True) -> AsyncIterator[Engine]:
+                       prefix_caching: bool = True,
+                       kv_dtype: str = "float32") -> AsyncIterator[Engine]:
     from .models import is_ort_genai_folder, model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -644,10 +669,17 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
         functools.partial(model_file, folder, accuracy_level, last_logits=True))
     async with open_session(path, providers, options) as session:
         if any(p.name != "cpu" for p in session._providers):
+            if kv_dtype != "float32":
+                raise InvalidArgumentError(
+                    "kv_dtype float16 needs the CPU provider's paged kernels",
+                    expected="providers=['cpu']",
+                    got=repr([p.name for p in session._providers]),
+                    model=session.model_name)
             kv_layout = "contiguous"  # the paged kernels are the CPU provider's
         engine = Engine(session, tokenizer, _flat_config(config), max_batch=max_batch,
                         kv_budget_bytes=kv_budget_bytes, prefill_chunk=prefill_chunk,
-                        kv_layout=kv_layout, prefix_caching=prefix_caching)
+                        kv_layout=kv_layout, prefix_caching=prefix_caching,
+                        kv_dtype=kv_dtype)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(engine._loop)
             try:

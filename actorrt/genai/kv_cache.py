@@ -1,7 +1,7 @@
 """The engine's block-paged KV cache (see ``docs/kv_cache.md``).
 
 Every layer has one key pool and one value pool, ``(num_blocks, kv_heads,
-block_size, head_dim)`` float32, carved from one anonymous mapping (pages
+block_size, head_dim)`` float32 (or float16: ``dtype``), carved from one anonymous mapping (pages
 are committed by the kernel when first written, so resident memory grows
 with the blocks ever used, not with the pool's size). A block holds
 ``block_size`` positions of every layer's keys and values; a request owns
@@ -40,9 +40,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._errors import OutOfMemoryError
+from .._errors import InvalidArgumentError, OutOfMemoryError
 from ..providers._memory import huge_page_arrays
-from ..providers.cpu.llm.paged import PagedKVPool, PageTable
+from ..providers.cpu.llm.paged import KV_DTYPES, PagedKVPool, PageTable
 
 __all__ = ["KVCache", "BLOCK_SIZE"]
 
@@ -63,25 +63,35 @@ class KVCache:
             reserved there under ``kv-cache``).
         model: the model's name (named in errors).
         block_size: positions a block holds.
+        dtype: the pools' element type, float32 or float16.
 
     Raises:
         OutOfMemoryError: the pool's mapping could not be made.
+        InvalidArgumentError: another ``dtype``.
     """
 
     def __init__(self, names: Sequence[str], kv_heads: int, head_dim: int, num_blocks: int, *,
-                 memory: Any, model: str | None = None, block_size: int = BLOCK_SIZE):
+                 memory: Any, model: str | None = None, block_size: int = BLOCK_SIZE,
+                 dtype: Any = np.float32):
         self.names = list(names)
+        #: the pools' element type: float32, or float16 (half the bytes; the
+        #: kernels convert each value to float32 as they read it)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in KV_DTYPES:
+            raise InvalidArgumentError("unknown KV cache dtype", expected="float32 or float16",
+                                       got=str(self.dtype), model=model)
         self.kv_heads, self.head_dim = int(kv_heads), int(head_dim)
         self.block_size = int(block_size)
         self.num_blocks = max(1, int(num_blocks))
         self.memory = memory
         self.model = model
         #: bytes of one block: every layer's key and value rows
-        self.block_bytes = len(self.names) * self.kv_heads * self.block_size * self.head_dim * 4
+        self.block_bytes = (len(self.names) * self.kv_heads * self.block_size * self.head_dim
+                            * self.dtype.itemsize)
         self.pages = PageTable()
         shape = (self.num_blocks, self.kv_heads, self.block_size, self.head_dim)
         try:
-            arrays = huge_page_arrays(len(self.names), shape, np.float32)
+            arrays = huge_page_arrays(len(self.names), shape, self.dtype)
         except MemoryError as exc:
             raise OutOfMemoryError(
                 f"cannot map the KV pool ({self.num_blocks} blocks of {self.block_bytes} bytes)",
@@ -227,7 +237,7 @@ class KVCache:
         return dict(zip(self.names, self.pools))
 
     def rows(self, blocks: list[int], positions: int) -> np.ndarray:
-        """(KVH, positions, D) keys of layer 0 of a request's first
+        """(KVH, positions, D) float32 keys of layer 0 of a request's first
         ``positions`` positions (a copy, for tests and debugging)."""
         pool = self.pools[0]
         out = np.empty((self.kv_heads, positions, self.head_dim), np.float32)

@@ -33,7 +33,7 @@ async def serve(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 
                 max_batch: int = 16, kv_budget_bytes: int | None = None,
                 api_key: str | None = None, max_queue: int | None = None,
                 grace_s: float = DEFAULT_GRACE_S, accuracy_level: int | None = None,
-                shutdown: trio.Event | None = None,
+                kv_dtype: str = "float32", shutdown: trio.Event | None = None,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``model`` over HTTP until ``shutdown`` is set (or the task is
     cancelled); ``task_status.started`` gets the bound URL
@@ -53,7 +53,7 @@ async def serve(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 
     if shutdown is None:
         shutdown = trio.Event()
     async with open_engine(model, max_batch=max_batch, kv_budget_bytes=kv_budget_bytes,
-                           accuracy_level=accuracy_level) as engine:
+                           accuracy_level=accuracy_level, kv_dtype=kv_dtype) as engine:
         model_id = _model_id(str(model))
         app = create_app(engine, model_id=model_id, aliases=(str(model),), api_key=api_key,
                          max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue)
@@ -91,6 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get after SIGINT/SIGTERM")
     p.add_argument("--accuracy-level", type=int, choices=(0, 4), default=None,
                    help="MatMulNBits accuracy_level of the graph to run (see generate)")
+    p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
+                   help="KV cache element type (float16: half the bytes a token)")
 
 
 def _check(args: argparse.Namespace) -> str | None:
@@ -140,7 +142,8 @@ def serve_main(args: argparse.Namespace) -> int:
                                 max_batch=args.max_batch, kv_budget_bytes=args.kv_budget,
                                 api_key=args.api_key, max_queue=args.max_queue,
                                 grace_s=args.grace, accuracy_level=args.accuracy_level,
-                                shutdown=shutdown, task_status=task_status)
+                                kv_dtype=args.kv_dtype, shutdown=shutdown,
+                                task_status=task_status)
                     nursery.cancel_scope.cancel()  # drained: stop the signal watcher
 
                 serving = trio.Event()

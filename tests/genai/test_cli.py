@@ -107,3 +107,14 @@ def test_warm_up_announces_a_slow_first_run_once(capsys, seconds, announced):
     assert took >= seconds
     (prompt, params), = engine.requests
     assert prompt == [11, 12, 13] and params.max_new_tokens == 2 and params.ignore_eos
+
+
+def test_generate_with_a_float16_kv_cache(smollm2):
+    proc = _generate_proc(["The capital of France is", "--model", str(smollm2),
+                           "--max-new-tokens", "4", "--kv-dtype", "float16"])
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()
+    assert out.strip()
+    bad = _generate_proc(["Hi", "--model", str(smollm2), "--kv-dtype", "float64"])
+    _, err = bad.communicate(timeout=120)
+    assert bad.returncode == 2 and b"--kv-dtype" in err

@@ -323,7 +323,8 @@ class GroupQueryAttention(Kernel):
         if (table is None or past_key.shape[1] != kvh or past_key.shape[3] != d
                 or (not packed and (key.shape != (bsz, s, kvh * d) or value.shape != key.shape))):
             raise ValueError(f"GroupQueryAttention: past_key/past_value must be one paged "
-                             f"cache's writeable float32 pools (blocks, KVH={kvh}, block size, "
+                             f"cache's writeable float32 or float16 pools (blocks, KVH={kvh}, "
+                             f"block size, "
                              f"D={d}) with a block table of {bsz} rows; got "
                              f"{past_key.shape} and {np.shape(past_value)}")
         seqlens, total = _lengths(seqlens_k, total_sequence_length, bsz, s)
@@ -353,7 +354,7 @@ class GroupQueryAttention(Kernel):
             raise ValueError(f"GroupQueryAttention: the block table names blocks outside the "
                              f"pool of {past_key.shape[0]} blocks for seqlens_k "
                              f"{seqlens.tolist()}")
-        tracing.kernel_variant("attention", "numba-paged", "float32, block table")
+        tracing.kernel_variant("attention", "numba-paged", f"{past_key.dtype} KV, block table")
         return y, past_key, past_value
 
     def compile(self):

@@ -61,6 +61,7 @@ from . import _contrib_numba as _nb
 from . import _block_kernels as _bk
 from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
 from ._paged_block import f32_block_runner
+from ._half import kernel_view
 from .paged import is_paged, paged_lengths, table_of
 
 __all__ = ["DecoderBlock", "DecoderStack", "fuse_decoder_blocks", "fuse_decoder_stacks",
@@ -528,7 +529,7 @@ class DecoderStack(Kernel):
             team = num_threads() if bsz * s * blocks >= REGION_MIN_WORK else 1
             status, y, r, spans, logits = parallel(
                 region, h, residual, table, *templates, g2s, eps2s, g3s, eps3s, known[1],
-                kv[0], seqlens, total, cos_cache if rotary else one,
+                kernel_view(kv[0]), seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
                 CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows, bt)
@@ -572,7 +573,8 @@ def _head_rows(idx: Any, h: np.ndarray) -> np.ndarray | None:
 def _kv_table(kv: Sequence[Any]) -> np.ndarray | None:
     """(layers, 2) int64 addresses of the key and value buffers ``kv`` (key 0,
     value 0, key 1, ...) when every one is a writeable C-contiguous float32
-    array shaped like the first and no layer's key and value overlap (the
+    array (float16 for a paged cache's pools, :mod:`._half`) shaped like the
+    first and no layer's key and value overlap (the
     stack writes them in place); else None.
 
     The stack checks a set of buffers once and then recognises it by
@@ -583,6 +585,8 @@ def _kv_table(kv: Sequence[Any]) -> np.ndarray | None:
     if not isinstance(k0, np.ndarray):
         return None
     shape, f32 = k0.shape, np.dtype(np.float32)
+    if is_paged(k0) and k0.dtype == np.float16:  # a float16 paged cache (._half)
+        f32 = k0.dtype
     table = np.empty((len(kv) // 2, 2), np.int64)
     for i, a in enumerate(kv):
         if not isinstance(a, np.ndarray):

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _contrib_numba as _nb
 from . import _paged_kernels as _pk
+from ._half import kernel_view
 from .paged import paged_lengths, table_of
 
 __all__ = ["f32_block_runner"]
@@ -103,7 +104,7 @@ def f32_block_runner(st: dict, fallback: Callable) -> Callable | None:
                       if work >= _nb.GQA_PARALLEL_MIN_WORK and bsz * kv_heads > 1 else 1)
         status, y, r = _nb._parallel(
             _block_f32_paged, h, residual, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed,
-            past_key, past_value, bt, seqlens, total, cos_cache if rotary else one,
+            kernel_view(past_key), kernel_view(past_value), bt, seqlens, total, cos_cache if rotary else one,
             sin_cache if rotary else one, no_pos, heads, kv_heads, rotary, interleaved,
             np.float32(alpha), window, gqa_chunks, ow, od, oz, g2, eps2, gw, gd, gz, uw, ud,
             uz, dw, dd, dz, g3, eps3, 2 * threads)

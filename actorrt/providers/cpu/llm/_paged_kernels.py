@@ -2,7 +2,10 @@
 the fused decoder stack's attention stage calls (:mod:`._block_kernels`)
 and GroupQueryAttention's paged entry point (:func:`gqa_paged`).
 
-Pools are ``(num_blocks, kv_heads, block_size, head_dim)`` float32; ``bt``
+Pools are ``(num_blocks, kv_heads, block_size, head_dim)`` float32, or
+float16 passed as its uint16 bits (:mod:`._half`: every pool value is read
+with ``kv_get`` and written with ``kv_put``, converted to and from float32;
+the arithmetic stays float32); ``bt``
 is the int32 ``(batch, max_blocks)`` block table. Each function is the
 contiguous kernel of :mod:`._contrib_numba` (``_append_pair``,
 ``_attend_rows``, ``_attend_group``, ``_attend_span``) with every row read
@@ -22,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _contrib_numba as _nb
+from . import _half
 
 __all__ = ["HAVE_PAGED", "gqa_paged"]
 
@@ -31,6 +35,7 @@ if HAVE_PAGED:
     from numba import njit, prange
 
     _rotate, _expf = _nb._rotate, _nb._expf
+    kv_get, kv_put = _half.kv_get, _half.kv_put
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d, s_len,
@@ -38,7 +43,9 @@ if HAVE_PAGED:
         # KV head kh of batch row b: rotate the new keys, write them and the
         # values at positions P_b + s < T_b (a batched prompt's padding rows
         # have no block and are not written)
+        # (rotated in a float32 row, then stored: a float16 pool rounds once)
         bs = kpool.shape[2]
+        tmp = np.empty(d, np.float32)
         for s in range(s_len):
             t = past[b] + s
             if t >= tot[b]:
@@ -49,10 +56,12 @@ if HAVE_PAGED:
             row = kpool[blk, kh, o]
             vrow = vpool[blk, kh, o]
             for e in range(d):
-                row[e] = key[b, s, koff + kh * d + e]
-                vrow[e] = value[b, s, voff + kh * d + e]
+                tmp[e] = key[b, s, koff + kh * d + e]
+                kv_put(vrow, e, value[b, s, voff + kh * d + e])
             if rotary:
-                _rotate(row, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+                _rotate(tmp, cos[pos[b, s]], sin[pos[b, s]], r2, interleaved)
+            for e in range(d):
+                kv_put(row, e, tmp[e])
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def rows_paged(qg, kpool, vpool, bt, b, kh, g, d, alpha, lo, hi, sc, mx, den,
@@ -73,7 +82,7 @@ if HAVE_PAGED:
                     qi = qg[i]
                     dot = np.float32(0.0)
                     for e in range(d):
-                        dot += qi[e] * kr[e]
+                        dot += qi[e] * kv_get(kr, e)
                     dot *= alpha
                     sc[i, t + r - lo] = dot
                     mx[i] = max(mx[i], dot)
@@ -98,7 +107,7 @@ if HAVE_PAGED:
                     w = sc[i, t + r - lo]
                     ai = acc[i]
                     for e in range(d):
-                        ai[e] += w * vr[e]
+                        ai[e] += w * kv_get(vr, e)
             t += n
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
@@ -212,7 +221,8 @@ def gqa_paged(query, key, value, kpool, vpool, table, seqlens, total, cos, sin, 
     ``[P_b, T_b)`` through ``table``, causal (windowed) softmax attention.
 
     Shapes: query (B, S, H*D) or packed (B, S, (H + 2*KVH)*D) with key/value
-    ``None``; key/value (B, S, KVH*D); kpool/vpool (NB, KVH, BS, D) float32;
+    ``None``; key/value (B, S, KVH*D); kpool/vpool (NB, KVH, BS, D) float32
+    or float16 (both one dtype);
     table (B, W) int32; seqlens (B,) int64; cos/sin (P, rot/2) float32 or
     ``None``; pos_ids (B, S) int64 or ``None``.
 
@@ -226,6 +236,7 @@ def gqa_paged(query, key, value, kpool, vpool, table, seqlens, total, cos, sin, 
     d = width // (num_heads + 2 * kv_num_heads) if packed else width // num_heads
     out = np.empty((bsz, s_len, num_heads * d), np.float32)
     rotary = cos is not None
+    kpool, vpool = _half.kernel_view(kpool), _half.kernel_view(vpool)
     args = (query, query if packed else key, query if packed else value, kpool, vpool, table,
             seqlens, int(total), cos if rotary else _nb._ONE, sin if rotary else _nb._ONE,
             _nb._NO_POS if pos_ids is None else pos_ids, num_heads, kv_num_heads, packed,

@@ -2,7 +2,8 @@
 :mod:`actorrt.genai.kv_cache`).
 
 A paged cache keeps, per layer, one key pool and one value pool shaped
-``(num_blocks, kv_heads, block_size, head_dim)`` float32; a request's
+``(num_blocks, kv_heads, block_size, head_dim)`` float32 (or float16:
+``kv_dtype="float16"``, half the bytes); a request's
 positions live in the blocks its row of the block table names: position
 ``t`` of batch row ``b`` is row ``t % block_size`` of block
 ``table[b, t // block_size]``. The pools are fed to a decoder graph in place
@@ -29,6 +30,10 @@ __all__ = ["PageTable", "PagedKVPool", "is_paged", "table_of", "paged_lengths"]
 
 _NO_TABLE = np.zeros((0, 1), np.int32)
 
+#: the element types a pool may hold: float32, or IEEE half (float16), which
+#: the kernels read and write converted to and from float32 (``_half``)
+KV_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
 
 class PageTable:
     """The block table every pool of one cache reads: ``table`` int32
@@ -44,17 +49,24 @@ class PageTable:
 
 class PagedKVPool(np.ndarray):
     """One layer's key or value pool ``(num_blocks, kv_heads, block_size,
-    head_dim)`` float32, C-contiguous, carrying the cache's :class:`PageTable`
-    as ``pages`` (a view keeps it)."""
+    head_dim)`` float32 or float16, C-contiguous, carrying the cache's
+    :class:`PageTable` as ``pages`` (a view keeps it).
+
+    A pool stands for the graph's float32 ``past_key_values`` input
+    whatever it holds (a float16 pool: those values rounded to half), so a
+    session's feed check takes it as float32 (:attr:`feed_dtype`)."""
 
     pages: PageTable | None
+    #: the element type of the graph input a pool is fed as
+    feed_dtype = np.dtype(np.float32)
 
     def __array_finalize__(self, obj: Any) -> None:
         self.pages = getattr(obj, "pages", None)
 
     @classmethod
     def wrap(cls, array: np.ndarray, pages: PageTable) -> "PagedKVPool":
-        """``array`` (4-D float32, C-contiguous) as a pool reading ``pages``."""
+        """``array`` (4-D float32 or float16, C-contiguous) as a pool reading
+        ``pages``."""
         out = array.view(cls)
         out.pages = pages
         return out
@@ -67,8 +79,8 @@ def is_paged(x: Any) -> bool:
 
 def table_of(kv: Any, bsz: int) -> np.ndarray | None:
     """The block table of pools ``kv`` (every key and value pool of a run,
-    key 0 first) when they are one cache's writeable float32 pools shaped
-    alike, read by a batch of ``bsz`` rows; else None."""
+    key 0 first) when they are one cache's writeable pools of one dtype
+    (float32 or float16) shaped alike, read by a batch of ``bsz`` rows; else None."""
     k0 = kv[0]
     pages = getattr(k0, "pages", None)
     if pages is None or k0.ndim != 4:
@@ -77,9 +89,11 @@ def table_of(kv: Any, bsz: int) -> np.ndarray | None:
     if (table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != bsz
             or not table.flags.c_contiguous):
         return None
-    shape, f32 = k0.shape, np.dtype(np.float32)
+    shape, dt = k0.shape, k0.dtype
+    if dt not in KV_DTYPES:
+        return None
     for a in kv:
-        if (getattr(a, "pages", None) is not pages or a.dtype != f32 or a.shape != shape
+        if (getattr(a, "pages", None) is not pages or a.dtype != dt or a.shape != shape
                 or not a.flags.c_contiguous or not a.flags.writeable):
             return None
     return table

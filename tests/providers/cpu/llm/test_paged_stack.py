@@ -19,7 +19,8 @@ from tests.providers.cpu.llm.test_fusion import model_path, tiny  # noqa: F401 -
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
 
 
-async def _run(path, cfg, prompts, steps, block_size=None, capacity=64):
+async def _run(path, cfg, prompts, steps, block_size=None, capacity=64, dtype=np.float32,
+               options=None):
     """Logits of a right-padded prompt batch then ``steps`` decode steps, on
     a paged cache of ``block_size`` (None: contiguous buffers of
     ``capacity``); with the fused stack's region calls counted."""
@@ -35,11 +36,12 @@ async def _run(path, cfg, prompts, steps, block_size=None, capacity=64):
         return region(*a)
     _block_kernels.region_stack = counted
     try:
-        async with open_session(path, None, SessionOptions()) as sess:
+        async with open_session(path, None, options or SessionOptions()) as sess:
             cache = None
             if block_size is not None:
                 cache = KVCache(names, cfg.num_kv_heads, cfg.head_dim, 64,
-                                memory=MemoryAccountant("cpu"), block_size=block_size)
+                                memory=MemoryAccountant("cpu"), block_size=block_size,
+                                dtype=dtype)
                 blocks = [[] for _ in range(bsz)]
                 kv = None
             else:
@@ -96,3 +98,23 @@ async def test_paged_stack_equals_contiguous(tiny, level, block_size, prompts, s
         for x, y in zip(a, b):
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
             np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("prompts,steps", [((7, 4, 1), 4), ((33,), 4)])
+async def test_float16_pools_stack_equals_the_nodes(tiny, level, prompts, steps):  # noqa: F811
+    # float16 pools: the fused stack (level 4) / the float32 blocks (level 0)
+    # give the node-by-node graph's logits (its GroupQueryAttention's paged
+    # float16 path, checked against a half-rounding numpy reference in
+    # test_paged_half.py), decode spans included
+    if level == 4 and not ci.HAVE_INT8_DOT:
+        pytest.skip("accuracy_level 4 keeps float32 activations without AVX2")
+    path, cfg = model_path(tiny, "q4_1", level)
+    want, _ = await _run(path, cfg, prompts, steps, block_size=16, dtype=np.float16,
+                         options=SessionOptions(fuse_kernels=False))
+    got, paged = await _run(path, cfg, prompts, steps, block_size=16, dtype=np.float16)
+    if level == 4:
+        assert paged and all(paged)
+    for a, b in zip(got, want):
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,214 @@
+"""float16 KV pools (actorrt.providers.cpu.llm._half): the kernels' half <->
+float32 conversions equal numpy's ``astype`` bit for bit, and
+GroupQueryAttention on a float16 paged cache equals a numpy reference whose
+keys and values are rounded to half."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import actorrt
+from actorrt.providers.cpu.llm import _contrib_numba as nbk
+from actorrt.providers.cpu.llm.paged import PagedKVPool, PageTable
+from tests.providers.cpu.llm.test_contrib_gqa import case
+
+pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
+
+H, KVH, D = 4, 2, 16
+
+
+def _half():
+    from actorrt.providers.cpu.llm import _half
+    return _half
+
+
+def test_every_half_pattern_to_float32_equals_numpy():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    got = np.empty(bits.shape, np.float32)
+    _half().to_f32(bits, got)
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert nan.sum() == 2 * 1023  # both signs, every non-zero significand
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    # a NaN stays a NaN of the same sign (the hardware quiets a signalling one)
+    assert np.isnan(got[nan]).all()
+    assert (np.signbit(got[nan]) == np.signbit(want[nan])).all()
+
+
+def _edge_floats() -> np.ndarray:
+    # every half value, the midpoints between neighbours (round-to-even ties)
+    # and one float32 ulp either side of them, subnormals, overflow, inf, nan
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    fin = np.sort(h[np.isfinite(h)].astype(np.float64))
+    fin = np.unique(fin)
+    mids = ((fin[1:] + fin[:-1]) / 2).astype(np.float32)  # exact in float32
+    ups = np.nextafter(mids, np.float32(np.inf))
+    downs = np.nextafter(mids, np.float32(-np.inf))
+    big = np.array([65504, 65519.996, 65520, 65536, 1e6, 3.4e38, np.inf, -np.inf, np.nan,
+                    -np.nan, 2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 2.0 ** -26, 1e-45,
+                    -1e-45, 0.0, -0.0, 2.0 ** -14, 2.0 ** -14 * (1 - 2 ** -11)], np.float32)
+    rng = np.random.default_rng(0)
+    rand = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([fin.astype(np.float32), mids, ups, downs, big, rand])
+
+
+def test_float32_to_half_equals_numpy_round_to_nearest_even():
+    x = _edge_floats()
+    got = np.empty(x.shape, np.uint16)
+    _half().to_f16(x, got)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got[~nan], want.view(np.uint16)[~nan])
+    back = got[nan].view(np.float16)
+    assert np.isnan(back).all() and (np.signbit(back) == np.signbit(x[nan])).all()
+
+
+def test_conversions_are_f16c_instructions():
+    h = _half()
+    if "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX2/F16C here")
+    from numba import njit
+
+    # uncached copies of the loops (cached code cannot be inspected)
+    to32 = njit(h.to_f32.py_func)
+    to16 = njit(h.to_f16.py_func)
+    to32(np.zeros(4, np.uint16), np.zeros(4, np.float32))
+    to16(np.zeros(4, np.float32), np.zeros(4, np.uint16))
+    asm32 = to32.inspect_asm(to32.signatures[0])
+    asm16 = to16.inspect_asm(to16.signatures[0])
+    assert "vcvtph2ps" in asm32 and "vcvtps2ph" in asm16
+
+
+def _model(feeds, **attrs):
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
+             "total_sequence_length", "cos_cache", "sin_cache"]
+    names = [n if n in feeds else "" for n in names]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("GroupQueryAttention", names,
+                            ["output", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=H, kv_num_heads=KVH, **attrs)
+    shapes = {"past_key": ["B", KVH, "L", D], "past_value": ["B", KVH, "L", D]}
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                         shapes.get(n, v.shape)) for n, v in feeds.items()]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+            for n in ("output", "present_key", "present_value")]
+    g = helper.make_graph([node], "gqa", ins, outs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                               helper.make_opsetid("com.microsoft", 1)])
+
+
+def _rotate(x, cos, sin):
+    # rotate-half (not interleaved) over the first 2 * cos.shape[-1] values
+    r = cos.shape[-1]
+    out = x.copy()
+    x1, x2 = x[..., :r], x[..., r:2 * r]
+    out[..., :r] = x1 * cos - x2 * sin
+    out[..., r:2 * r] = x2 * cos + x1 * sin
+    return out
+
+
+def _reference(feeds, rotary, past_len):
+    """GroupQueryAttention in float64 numpy with every cached and new key
+    and value rounded to float16 (as the pool holds them)."""
+    q = feeds["query"].astype(np.float64)
+    bsz, s, _ = q.shape
+    seqlens = feeds["seqlens_k"].astype(np.int64)
+    tot = seqlens + 1
+    half = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731
+    out = np.zeros((bsz, s, H * D))
+    g = H // KVH
+    for b in range(bsz):
+        past = int(past_len[b])
+        pos = past + np.arange(s)
+        qb = q[b].reshape(s, H, D)
+        kn = feeds["key"][b].astype(np.float32).reshape(s, KVH, D)
+        vn = feeds["value"][b].reshape(s, KVH, D).astype(np.float64)
+        if rotary:
+            c, sn = feeds["cos_cache"][pos][:, None], feeds["sin_cache"][pos][:, None]
+            qb = _rotate(qb, c.astype(np.float64), sn.astype(np.float64))
+            kn = _rotate(kn, c, sn)  # float32, as the kernel rotates before rounding
+        keys = np.concatenate([half(feeds["past_key"][b, :, :past].transpose(1, 0, 2)),
+                               half(kn)], axis=0)  # (T, KVH, D)
+        vals = np.concatenate([half(feeds["past_value"][b, :, :past].transpose(1, 0, 2)),
+                               half(vn)], axis=0)
+        for i in range(s):
+            t = past + i
+            if t >= tot[b]:
+                continue
+            for hh in range(H):
+                kh = hh // g
+                sc = keys[:t + 1, kh] @ qb[i, hh] / np.sqrt(D)
+                w = np.exp(sc - sc.max())
+                out[b, i, hh * D:(hh + 1) * D] = (w / w.sum()) @ vals[:t + 1, kh]
+    return out, tot
+
+
+HALF_CASES = {
+    "decode": dict(b=3, s=1, past=12, seqlens=[3, 4, 9], total=10),
+    "prompt": dict(b=2, s=7, past=0, seqlens=[6, 3], total=7),
+    "chunk": dict(b=1, s=6, past=12, seqlens=[10], total=11),
+    "long": dict(b=2, s=5, past=40, seqlens=[37, 44], total=45),
+}
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("name", sorted(HALF_CASES))
+async def test_float16_paged_attention_equals_a_half_rounding_reference(name, rotary,
+                                                                         block_size):
+    rng = np.random.default_rng(11)
+    feeds = case(rng, h=H, kvh=KVH, d=D, rotary=rotary, **HALF_CASES[name])
+    model = _model(feeds, **({"do_rotary": 1} if rotary else {}))
+    seqlens = feeds["seqlens_k"].astype(np.int64)
+    s, total = feeds["query"].shape[1], int(feeds["total_sequence_length"])
+    tot = seqlens + 1
+    past = np.zeros_like(tot) if s == total else tot - s
+    want, _ = _reference(feeds, rotary, past)
+    bsz = len(tot)
+    width = int(max(-(-int(t) // block_size) for t in np.maximum(tot, s)))
+    n_blocks = bsz * width + 2
+    order = rng.permutation(n_blocks)
+    table = np.full((bsz, width), -1, np.int32)
+    k = 0
+    for b in range(bsz):
+        for j in range(-(-int(tot[b]) // block_size)):
+            table[b, j] = order[k]
+            k += 1
+    pages = PageTable()
+    pages.table = table
+    pools = {}
+    for name_ in ("past_key", "past_value"):
+        pool = rng.standard_normal((n_blocks, KVH, block_size, D)).astype(np.float16)
+        for b in range(bsz):
+            for t in range(int(past[b])):
+                pool[table[b, t // block_size], :, t % block_size] = feeds[name_][b, :, t]
+        pools[name_] = PagedKVPool.wrap(pool, pages)
+    async with actorrt.open_session(model) as sess:
+        got = await sess.run(None, {**feeds, **pools}, donate=["past_key", "past_value"])
+    assert got[1] is pools["past_key"] and got[1].dtype == np.float16
+    for b in range(bsz):
+        rows = min(s, int(tot[b]))
+        np.testing.assert_allclose(got[0][b, :rows], want[b, :rows], rtol=1e-5, atol=1e-5)
+        # the new values were written rounded to half (values are not rotated)
+        for i in range(s):
+            t = int(past[b]) + i
+            if t < tot[b]:
+                row = pools["past_value"][table[b, t // block_size], :, t % block_size]
+                np.testing.assert_array_equal(
+                    row, feeds["value"][b, i].reshape(KVH, D).astype(np.float16))
+
+
+async def test_pools_of_two_dtypes_are_refused():
+    rng = np.random.default_rng(2)
+    feeds = case(rng, h=H, kvh=KVH, d=D, b=1, s=1, past=4, seqlens=[4], total=5)
+    model = _model(feeds)
+    pages = PageTable()
+    pages.table = np.array([[0, 1]], np.int32)
+    kp = PagedKVPool.wrap(np.zeros((2, KVH, 4, D), np.float16), pages)
+    vp = PagedKVPool.wrap(np.zeros((2, KVH, 4, D), np.float32), pages)
+    async with actorrt.open_session(model) as sess:
+        with pytest.raises(actorrt.KernelError, match="GroupQueryAttention"):
+            await sess.run(None, {**feeds, "past_key": kp, "past_value": vp},
+                           donate=["past_key", "past_value"])

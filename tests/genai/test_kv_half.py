@@ -17,22 +17,12 @@ pytest.importorskip("tokenizers")
 import actorrt  # noqa: E402
 from actorrt.genai import SamplingParams, open_engine  # noqa: E402
 from actorrt.genai.kv_cache import BLOCK_SIZE, KVCache  # noqa: E402
-from actorrt.genai.models import prepare_model  # noqa: E402
 from actorrt.providers._memory import MemoryAccountant  # noqa: E402
 from actorrt.providers.cpu.llm import _contrib_numba as nbk  # noqa: E402
-from tests.genai.test_builder import write_tiny_gguf  # noqa: E402
+# the tiny GGUF model (module-scoped fixture) and seeded prompts of the paged tests
+from tests.genai.test_kv_cache import _prompt, tiny_dir  # noqa: E402,F401
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("half")
-    return prepare_model(write_tiny_gguf(tmp / "tiny.gguf"), home=tmp / "home", progress=False)
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, 280, n).tolist()
 
 
 async def _sequential(folder, prompts, new=12, **kw):

@@ -36,10 +36,10 @@ def _model(feeds, **attrs):
                                                helper.make_opsetid("com.microsoft", 1)])
 
 
-def _paged(feeds, block_size, rng, spare=3):
-    """(pools' feeds, table, gather): the past rows [0, P_b) of each row
-    scattered over shuffled blocks with room for T_b positions; gather(pool)
-    reads a row's positions back as (KVH, T_b, D)."""
+def _paged(feeds, block_size, rng, spare=3, dtype=np.float32):
+    """(pools' feeds, gather, T_b): the past rows [0, P_b) of each row
+    scattered over shuffled blocks of ``dtype`` with room for T_b positions;
+    gather(pool, b) reads row b's positions back as (KVH, T_b, D)."""
     seqlens = feeds["seqlens_k"].astype(np.int64)
     s = feeds["query"].shape[1]
     total = int(feeds["total_sequence_length"])
@@ -59,7 +59,7 @@ def _paged(feeds, block_size, rng, spare=3):
     pages.table = table
     pools = {}
     for name in ("past_key", "past_value"):
-        pool = rng.standard_normal((n_blocks, KVH, block_size, D)).astype(np.float32)
+        pool = rng.standard_normal((n_blocks, KVH, block_size, D)).astype(dtype)
         for b in range(bsz):
             for t in range(int(past[b])):
                 pool[table[b, t // block_size], :, t % block_size] = feeds[name][b, :, t]

@@ -11,6 +11,7 @@ import actorrt
 from actorrt.providers.cpu.llm import _contrib_numba as nbk
 from actorrt.providers.cpu.llm.paged import PagedKVPool, PageTable
 from tests.providers.cpu.llm.test_contrib_gqa import case
+from tests.providers.cpu.llm.test_paged_attention import _paged
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
 
@@ -167,24 +168,7 @@ async def test_float16_paged_attention_equals_a_half_rounding_reference(name, ro
     past = np.zeros_like(tot) if s == total else tot - s
     want, _ = _reference(feeds, rotary, past)
     bsz = len(tot)
-    width = int(max(-(-int(t) // block_size) for t in np.maximum(tot, s)))
-    n_blocks = bsz * width + 2
-    order = rng.permutation(n_blocks)
-    table = np.full((bsz, width), -1, np.int32)
-    k = 0
-    for b in range(bsz):
-        for j in range(-(-int(tot[b]) // block_size)):
-            table[b, j] = order[k]
-            k += 1
-    pages = PageTable()
-    pages.table = table
-    pools = {}
-    for name_ in ("past_key", "past_value"):
-        pool = rng.standard_normal((n_blocks, KVH, block_size, D)).astype(np.float16)
-        for b in range(bsz):
-            for t in range(int(past[b])):
-                pool[table[b, t // block_size], :, t % block_size] = feeds[name_][b, :, t]
-        pools[name_] = PagedKVPool.wrap(pool, pages)
+    pools, gather, _ = _paged(feeds, block_size, rng, spare=2, dtype=np.float16)
     async with actorrt.open_session(model) as sess:
         got = await sess.run(None, {**feeds, **pools}, donate=["past_key", "past_value"])
     assert got[1] is pools["past_key"] and got[1].dtype == np.float16
@@ -195,7 +179,7 @@ async def test_float16_paged_attention_equals_a_half_rounding_reference(name, ro
         for i in range(s):
             t = int(past[b]) + i
             if t < tot[b]:
-                row = pools["past_value"][table[b, t // block_size], :, t % block_size]
+                row = gather(pools["past_value"], b)[:, t]
                 np.testing.assert_array_equal(
                     row, feeds["value"][b, i].reshape(KVH, D).astype(np.float16))
 

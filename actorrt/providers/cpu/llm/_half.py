@@ -13,7 +13,7 @@ F16C (every AVX2 machine) LLVM lowers them to ``vcvtph2ps`` /
 IEEE 754 says), vectorised in the kernels' inner loops; without F16C it
 calls the compiler runtime's ``__extendhfsf2`` / ``__truncsfhf2`` (the
 same results, slower). They equal numpy's ``astype`` bit for bit
-(``tests/providers/cpu/llm/test_half.py``: all 65,536 half patterns to
+(``tests/providers/cpu/llm/test_paged_half.py``: all 65,536 half patterns to
 float32, and float32 ties, subnormals, overflow, infinities and NaNs to
 half; a NaN stays a NaN of the same sign, its payload as the hardware
 quiets it).
@@ -70,14 +70,22 @@ if HAVE_HALF:
             return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
         return sig, codegen
 
-    def kv_get(row, e):  # pragma: no cover - replaced in compiled code
-        """float32 value ``e`` of a KV row (float32, or uint16 half bits)."""
-        raise NotImplementedError("kv_get is for compiled code")
+    def kv_get(row, e):
+        """float32 value ``e`` of a KV row (float32, or uint16 half bits).
+        Compiled code gets the specialisation below; from Python, numpy's
+        conversion (the same bits)."""
+        if row.dtype == np.uint16:
+            return np.float32(row[e:e + 1].view(np.float16)[0])
+        return np.float32(row[e])
 
-    def kv_put(row, e, v):  # pragma: no cover - replaced in compiled code
-        """Store float32 ``v`` as value ``e`` of a KV row (rounded to half on
-        a uint16 row)."""
-        raise NotImplementedError("kv_put is for compiled code")
+    def kv_put(row, e, v):
+        """Store float32 ``v`` as value ``e`` of a KV row (rounded to half,
+        to nearest even, on a uint16 row). Compiled code gets the
+        specialisation below; from Python, numpy's conversion."""
+        if row.dtype == np.uint16:
+            row[e:e + 1] = np.array([v], np.float32).astype(np.float16).view(np.uint16)
+        else:
+            row[e] = v
 
     @overload(kv_get, inline="always")
     def _kv_get(row, e):

@@ -65,6 +65,38 @@ def test_float32_to_half_equals_numpy_round_to_nearest_even():
     assert np.isnan(back).all() and (np.signbit(back) == np.signbit(x[nan])).all()
 
 
+def test_kv_get_and_kv_put_from_python_equal_the_compiled_ones():
+    from numba import njit
+    h = _half()
+
+    @njit
+    def put_all(row, x):
+        for e in range(x.shape[0]):
+            h.kv_put(row, e, x[e])
+
+    @njit
+    def get_all(row, out):
+        for e in range(row.shape[0]):
+            out[e] = h.kv_get(row, e)
+
+    x = _edge_floats()[::97]
+    x = x[~np.isnan(x)]
+    for dtype in (np.uint16, np.float32):
+        compiled, python = np.zeros(x.shape, dtype), np.zeros(x.shape, dtype)
+        with np.errstate(over="ignore"):
+            put_all(compiled, x)
+            for e in range(x.shape[0]):
+                h.kv_put(python, e, x[e])
+        np.testing.assert_array_equal(python, compiled)
+        with np.errstate(over="ignore"):
+            want = (x.astype(np.float16).view(np.uint16) if dtype == np.uint16 else x)
+        np.testing.assert_array_equal(python, want)
+        got_c = np.empty(x.shape, np.float32)
+        get_all(compiled, got_c)
+        got_p = np.array([h.kv_get(python, e) for e in range(x.shape[0])], np.float32)
+        np.testing.assert_array_equal(got_p.view(np.uint32), got_c.view(np.uint32))
+
+
 def test_conversions_are_f16c_instructions():
     h = _half()
     if "avx2" not in open("/proc/cpuinfo").read():

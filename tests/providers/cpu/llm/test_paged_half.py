@@ -5,13 +5,12 @@ keys and values are rounded to half."""
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import actorrt
 from actorrt.providers.cpu.llm import _contrib_numba as nbk
 from actorrt.providers.cpu.llm.paged import PagedKVPool, PageTable
 from tests.providers.cpu.llm.test_contrib_gqa import case
-from tests.providers.cpu.llm.test_paged_attention import _paged
+from tests.providers.cpu.llm.test_paged_attention import _model, _paged
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
 
@@ -111,25 +110,6 @@ def test_conversions_are_f16c_instructions():
     asm32 = to32.inspect_asm(to32.signatures[0])
     asm16 = to16.inspect_asm(to16.signatures[0])
     assert "vcvtph2ps" in asm32 and "vcvtps2ph" in asm16
-
-
-def _model(feeds, **attrs):
-    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
-             "total_sequence_length", "cos_cache", "sin_cache"]
-    names = [n if n in feeds else "" for n in names]
-    while names[-1] == "":
-        names.pop()
-    node = helper.make_node("GroupQueryAttention", names,
-                            ["output", "present_key", "present_value"], domain="com.microsoft",
-                            num_heads=H, kv_num_heads=KVH, **attrs)
-    shapes = {"past_key": ["B", KVH, "L", D], "past_value": ["B", KVH, "L", D]}
-    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                         shapes.get(n, v.shape)) for n, v in feeds.items()]
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
-            for n in ("output", "present_key", "present_value")]
-    g = helper.make_graph([node], "gqa", ins, outs)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
-                                               helper.make_opsetid("com.microsoft", 1)])
 
 
 def _rotate(x, cos, sin):

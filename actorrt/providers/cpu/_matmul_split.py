@@ -17,6 +17,16 @@ yet scheduled never holds it up):
 * batched (both operands at least 2-D, batch dims broadcast as numpy does):
   blocks along the output's largest batch axis.
 
+A constant ``(K, N)`` right operand with ``K > N`` (a transformer's FFN
+down-projection) is wrapped in :class:`ConstantOperand`: a one-row product
+(a decode step) reads a transposed ``(N, K)`` copy made on the first such
+call, as OpenBLAS's GEMV streams that layout faster when K > N (measured
+here, weights out of cache: 1024 x 256 84 -> 44 us, 3072 x 768 972 -> 716
+us; the other way round the original layout wins: 256 x 1024 66 vs 123 us);
+multi-row products keep the original layout (a GEMM on the transposed
+view measured 10-15 % slower). The copy exists only for models that run
+one-row products, and only for those weights.
+
 Below the threshold, and for products OpenBLAS itself runs on one thread,
 the product is one plain call; between the two, inside
 :class:`._threads.serial_blas` (one BLAS thread). At one intra-op thread
@@ -29,7 +39,8 @@ import numpy as np
 
 from . import _parallel, _threads
 
-__all__ = ["matmul", "matmul_rows", "run_batched", "PARALLEL_MIN_FLOPS"]
+__all__ = ["matmul", "matmul_rows", "run_batched", "PARALLEL_MIN_FLOPS", "ConstantOperand",
+           "GEMV_T_MIN_ELEMENTS"]
 
 #: products below this many flops (2 * M * N * K summed over the batch) run as
 #: one call; at 2 threads on this machine a split 4 MFLOP GEMM broke even
@@ -40,6 +51,10 @@ PARALLEL_MIN_FLOPS = 1 << 22
 # whatever its pool size: no pool switch needed for those
 _OPENBLAS_SERIAL_MNK = 262144
 _OPENBLAS_SERIAL_GEMV = 9216
+
+#: constant operands of at least this many elements (and K > N) get the
+#: transposed copy for one-row products (:class:`ConstantOperand`)
+GEMV_T_MIN_ELEMENTS = 1 << 15
 
 
 def matmul_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -178,3 +193,58 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with _threads.serial_blas():
         run_batched(_matmul_out, (aa, bb), out, threads)
     return out
+
+
+class ConstantOperand:
+    """A constant float32/float64 right operand ``b`` ``(K, N)`` of
+    :func:`matmul`, with the transposed layout for one-row products when that
+    streams faster (module docstring: ``K > N``, at least
+    :data:`GEMV_T_MIN_ELEMENTS` values).
+
+    ``product(a)`` equals ``matmul(a, b)`` for ``a`` ``(..., M, K)`` of
+    ``b``'s dtype (a fresh array ``(..., M, N)``); other operands go to
+    :func:`matmul` unchanged. The ``(N, K)`` copy is made on the first
+    one-row call (two threads racing build it twice; either copy is right).
+    """
+
+    __slots__ = ("b", "transposed", "_bt")
+
+    def __init__(self, b: np.ndarray):
+        self.b = b
+        k, n = b.shape
+        self.transposed = (b.dtype in (np.float32, np.float64) and k > n
+                           and k * n >= GEMV_T_MIN_ELEMENTS)
+        self._bt: np.ndarray | None = None
+
+    @property
+    def transposed_copy(self) -> np.ndarray | None:
+        """The ``(N, K)`` copy once a one-row product made it, else None."""
+        return self._bt
+
+    def product(self, a: np.ndarray) -> np.ndarray:
+        b = self.b
+        k = b.shape[0]
+        if not self.transposed or a.ndim < 2 or a.size != k or a.shape[-1] != k or \
+                a.dtype != b.dtype:
+            return matmul(a, b)
+        bt = self._bt
+        if bt is None:
+            bt = self._bt = np.ascontiguousarray(b.T)
+        n = bt.shape[0]
+        v = a.reshape(k)
+        threads = _threads.current()
+        if threads <= 1:
+            out = np.dot(bt, v)
+        elif 2 * k * n < PARALLEL_MIN_FLOPS:
+            with _threads.serial_blas():
+                out = np.dot(bt, v)
+        else:
+            out = np.empty(n, dtype=b.dtype)
+            parts = _blocks(n, threads, 64)
+
+            def chunk(i: int) -> None:
+                s, e = parts[i]
+                np.dot(bt[s:e], v, out=out[s:e])
+            with _threads.serial_blas():
+                _parallel.run_chunks(chunk, len(parts), threads)
+        return out.reshape(a.shape[:-1] + (n,))

@@ -237,7 +237,11 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
 
 
 def _sdpa(q, k, v, mask, scale, out=None):
+    from . import _softmax_numba  # numba loads on first use, not at import
     s = np.matmul(q, k)
+    if s.dtype == np.float32 and (mask is None or mask.dtype == np.float32) and \
+            _softmax_numba.softmax_rows_f32(s, scale, mask):
+        return np.matmul(s, v, out=out)  # scaled, masked, normalized in one compiled pass
     if scale != 1.0:
         s *= s.dtype.type(scale)
     if mask is not None:

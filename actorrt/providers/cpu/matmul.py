@@ -25,6 +25,19 @@ from .registry import cpu_kernel
 _BLAS_DTYPES = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
 
+def _constant_operand(constants: Mapping[int, Any], shared: dict
+                      ) -> "_matmul_split.ConstantOperand | None":
+    """The node's constant 2-D float32/64 B (input 1) as a
+    :class:`._matmul_split.ConstantOperand` (kept in ``shared``), else None."""
+    b = constants.get(1)
+    if not isinstance(b, np.ndarray) or b.ndim != 2 or b.dtype not in _BLAS_DTYPES:
+        return None
+    if "constant_b" not in shared:
+        shared["constant_b"] = _matmul_split.ConstantOperand(b)
+    const = shared["constant_b"]
+    return const if const.b is b else None
+
+
 def _input_rank(node: NodeSpec, i: int) -> int | None:
     t = node.input_type(i)
     return None if t is None else t.rank
@@ -70,10 +83,22 @@ class MatMul(Kernel):
         k = a.shape[-1] if a is not None and a.shape else None
         return 2.0 * out * (k if isinstance(k, int) and k > 0 else 1)
 
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self.constant_b: _matmul_split.ConstantOperand | None = None
+
+    def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
+        self.constant_b = _constant_operand(constants, shared)
+
     def compile(self) -> Callable:
         ra, rb = _input_rank(self.node, 0), _input_rank(self.node, 1)
         dt = _input_dtype(self.node, 0)
         if dt in _BLAS_DTYPES and ra is not None and rb is not None and ra >= 2 and rb >= 2:
+            const = self.constant_b
+            if const is not None and const.transposed:
+                def product(a, b):
+                    return const.product(a) if b is const.b else _product(a, b)
+                return product
             return _product  # BLAS, one call or per-thread blocks (_matmul_split)
         return _matmul_any
 
@@ -203,9 +228,18 @@ class MatMulEpilogue(Kernel):
     def __init__(self, node: NodeSpec):
         super().__init__(node)
         self._act = _epilogue.activation(node.attr("activation", ""))
+        self.constant_b: _matmul_split.ConstantOperand | None = None
+
+    def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
+        self.constant_b = _constant_operand(constants, shared)
 
     def run(self, a, b, bias):
-        y = _product(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype else np.matmul(a, b)
+        const = self.constant_b
+        if const is not None and b is const.b:
+            y = const.product(a) if a.dtype == b.dtype else np.matmul(a, b)
+        else:
+            y = _product(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype \
+                else np.matmul(a, b)
         if y.dtype != bias.dtype or not isinstance(y, np.ndarray) or y.ndim == 0:
             y = np.asarray(y + bias)
         else:

@@ -4,7 +4,8 @@ Spec: ONNX Softmax / LogSoftmax / Hardmax (opsets 1, 11, 13). Before opset 13 th
 input is coerced to 2-D ``(prod(shape[:axis]), prod(shape[axis:]))`` (``axis``
 default 1) and the op runs over the second dim; from 13 it runs over the single
 ``axis`` (default -1). float16 / bfloat16 compute in float32; the output keeps
-the input dtype and shape.
+the input dtype and shape. float32 over the last axis is one compiled pass
+per row when numba is installed (:mod:`._softmax_numba`), else numpy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from .registry import cpu_kernel
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    if x.dtype == np.float32 and (axis == x.ndim - 1 or axis == -1):
+        from . import _softmax_numba  # numba loads on first use, not at import
+        out = np.array(x, order="C")  # the fresh output, normalized in place
+        if _softmax_numba.softmax_rows_f32(out):
+            return out
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     e /= np.sum(e, axis=axis, keepdims=True)
     return e

@@ -202,3 +202,70 @@ def test_matmul_other_dtypes_equal_onnxruntime(dt, tp, threads):
         np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=0.25)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# -------------------------------------------- constant B, transposed layout for one-row products
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("forced", [True, False])
+@pytest.mark.parametrize("a_shape,b_shape", [((1, 1, 1027), (1027, 257)), ((1, 513), (513, 129)),
+                                              ((1, 1, 1, 300), (300, 200))])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_constant_operand_one_row_uses_the_transposed_copy(a_shape, b_shape, dt, threads, forced,
+                                                           two_threads, monkeypatch):
+    if threads == 1:
+        _threads.apply(1)
+        monkeypatch.setattr(_threads, "current", lambda: 1)
+    if forced:
+        monkeypatch.setattr(_matmul_split, "PARALLEL_MIN_FLOPS", 0)
+    seen = _chunks_seen(monkeypatch)
+    b = RNG.standard_normal(b_shape).astype(dt)
+    const = _matmul_split.ConstantOperand(b)
+    assert const.transposed and const.transposed_copy is None
+    a = RNG.standard_normal(a_shape).astype(dt)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = const.product(a)
+    assert got.shape == want.shape and got.dtype == dt
+    tol = 1e-4 if dt == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert const.transposed_copy is not None and const.transposed_copy.shape == b_shape[::-1]
+    assert bool(seen) == (threads == 2 and forced)
+    # more rows: the original layout, the same values as numpy
+    a2 = RNG.standard_normal((3,) + a_shape[1:]).astype(dt)
+    np.testing.assert_allclose(const.product(a2), np.matmul(a2.astype(np.float64), b),
+                               rtol=tol, atol=tol)
+
+
+def test_constant_operand_keeps_the_layout_when_k_is_not_larger():
+    for shape in [(256, 1024), (300, 300), (100, 50)]:  # K <= N, or too small to matter
+        const = _matmul_split.ConstantOperand(RNG.standard_normal(shape).astype(np.float32))
+        assert not const.transposed
+    assert not _matmul_split.ConstantOperand(np.ones((1000, 100), np.int64)).transposed
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_shaped_matmul_and_epilogue_models_equal_onnxruntime(threads):
+    """One-row MatMul and MatMul + bias (+ Gelu) against constant K > N weights
+    (the FFN down-projection of a decode step), then the same session at
+    several rows: onnxruntime's values, the transposed copy made by the plan."""
+    k, n = 1031, 259
+    w = RNG.standard_normal((k, n)).astype(np.float32) / 30
+    c = RNG.standard_normal(n).astype(np.float32)
+    x_info = [helper.make_tensor_value_info("x", TP.FLOAT, [1, "S", k])]
+    mm = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], x_info,
+                [numpy_helper.from_array(w, "w")])
+    em = _model([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["q"]),
+                 helper.make_node("Gelu", ["q"], ["y"], domain="com.microsoft")], x_info,
+                [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    for model in (mm, em):
+        peer = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
+            for rows in (1, 5, 1):
+                x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+                np.testing.assert_allclose(s.run(None, {"x": x})[0], peer.run(None, {"x": x})[0],
+                                           rtol=1e-4, atol=1e-4)
+            consts = [st.kernel.constant_b for st in s.session.plan.steps
+                      if getattr(st.kernel, "constant_b", None) is not None]
+            assert consts and all(cb.transposed_copy is not None for cb in consts)

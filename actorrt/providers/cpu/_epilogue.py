@@ -15,7 +15,7 @@ import numpy as np
 
 from .math import erf
 
-__all__ = ["activation", "ACTIVATIONS", "gelu_inplace"]
+__all__ = ["activation", "ACTIVATIONS", "gelu_inplace", "bias_gelu_inplace"]
 
 ACTIVATIONS = ("", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "Gelu")
 
@@ -36,6 +36,19 @@ def gelu_inplace(y: np.ndarray) -> np.ndarray:
     e *= y.dtype.type(0.5)
     y *= e
     return y
+
+
+def bias_gelu_inplace(y: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """``y = gelu(y + bias)`` (erf form) in place for float ``y`` ``(..., N)``
+    and a bias broadcasting against it without enlarging it: float32 ``y``
+    with a float32 ``(N,)`` bias is one compiled pass when numba is
+    installed, anything else ``y += bias`` then :func:`gelu_inplace`."""
+    if COMPILED_GELU and y.dtype == np.float32 and y.size:
+        from . import _gelu_numba
+        if _gelu_numba.bias_gelu_inplace_f32(y, bias):
+            return y
+    y += bias
+    return gelu_inplace(y)
 
 
 def activation(name: str, params: Sequence[float] = ()) -> Callable[[np.ndarray], np.ndarray]:

@@ -228,6 +228,7 @@ class MatMulEpilogue(Kernel):
     def __init__(self, node: NodeSpec):
         super().__init__(node)
         self._act = _epilogue.activation(node.attr("activation", ""))
+        self._gelu = node.attr("activation", "") == "Gelu"
         self.constant_b: _matmul_split.ConstantOperand | None = None
 
     def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
@@ -242,6 +243,8 @@ class MatMulEpilogue(Kernel):
                 else np.matmul(a, b)
         if y.dtype != bias.dtype or not isinstance(y, np.ndarray) or y.ndim == 0:
             y = np.asarray(y + bias)
+        elif self._gelu and bias.ndim == 1:
+            return _epilogue.bias_gelu_inplace(y, bias)  # one pass (float32, numba)
         else:
             y += bias
         return self._act(y)

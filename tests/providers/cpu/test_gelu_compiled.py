@@ -63,3 +63,53 @@ def test_compiled_gelu_declines_what_it_cannot_take():
     want = _epilogue.gelu_inplace(np.ascontiguousarray(strided))
     got = _epilogue.gelu_inplace(strided.copy(order="F"))             # numpy path
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("rows,n", [(1, 1031), (7, 13), (129, 1024), (3, 33331)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_bias_gelu_epilogue_matches_onnxruntime(rows, n, compiled, threads, monkeypatch):
+    """MatMul + bias Add + Gelu (one MatMulEpilogue: the bias add and GELU in
+    one compiled pass) against onnxruntime, split by rows only at 2 threads on
+    large outputs."""
+    if compiled and not _gelu_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    from onnx import numpy_helper
+    monkeypatch.setattr(_epilogue, "COMPILED_GELU", compiled)
+    k = 24
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    c = (RNG.standard_normal(n) * 3).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["q"]),
+             helper.make_node("Gelu", ["q"], ["y"], domain="com.microsoft")]
+    g = helper.make_graph(nodes, "mbg", [helper.make_tensor_value_info("x", TP.FLOAT, [1, rows, k])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    blocks = []
+    if compiled:
+        real = _gelu_numba._bias_gelu_rows
+        monkeypatch.setattr(_gelu_numba, "_bias_gelu_rows", lambda y, b: (blocks.append(y.shape[0]), real(y, b)))
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
+        assert [st.node.op_type for st in s.session.plan.steps] == ["MatMulEpilogue"]
+        got = s.run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    big = rows > 1 and rows * n >= _gelu_numba.PARALLEL_MIN_ELEMENTS
+    if compiled:  # one compiled pass, or one per row block (2 threads, large outputs)
+        assert sum(blocks) == rows and len(blocks) == (2 if threads == 2 and big else 1)
+
+
+def test_bias_gelu_declines_what_it_cannot_take():
+    if not _gelu_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    y = RNG.standard_normal((4, 6)).astype(np.float32)
+    assert not _gelu_numba.bias_gelu_inplace_f32(y, np.zeros(5, np.float32))     # wrong length
+    assert not _gelu_numba.bias_gelu_inplace_f32(y, np.zeros(6, np.float64))     # wrong dtype
+    assert not _gelu_numba.bias_gelu_inplace_f32(y, np.zeros((1, 6), np.float32))  # not 1-D
+    assert not _gelu_numba.bias_gelu_inplace_f32(y[:, ::2], np.zeros(3, np.float32))  # strided
+    before = y.copy()
+    got = _epilogue.bias_gelu_inplace(y, np.zeros((1, 6), np.float32))         # numpy path
+    np.testing.assert_allclose(got, _epilogue.gelu_inplace(before.astype(np.float64)), rtol=1e-6,
+                               atol=1e-6)

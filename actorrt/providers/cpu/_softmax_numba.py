@@ -83,14 +83,14 @@ if HAVE_NUMBA:
             row[j] = row[j] / s
 
     @njit(fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy")
-    def _rows(s, scale, mask, masked):  # pragma: no cover - compiled
-        # s (R, T) C-contiguous float32, in place; mask (R, T) any strides
-        # (a broadcast view), read only when ``masked``
+    def _rows(s, scale, mask, mrows, masked):  # pragma: no cover - compiled
+        # s (R, T) C-contiguous float32, in place; row r adds mask row
+        # r % mrows of the C-contiguous (mrows, T) mask when ``masked``
         r_n, t_n = s.shape
         for r in range(r_n):
             row = s[r]
             if masked:
-                mr = mask[r]
+                mr = mask[r % mrows]
                 for j in range(t_n):
                     row[j] = row[j] * scale + mr[j]
             elif scale != np.float32(1.0):
@@ -133,17 +133,21 @@ def softmax_rows_f32(s: np.ndarray, scale: float = 1.0, mask: np.ndarray | None 
     rows = s.size // t
     s2 = s.reshape(rows, t)
     if mask is None:
-        m2, masked = np.broadcast_to(_ZERO, (rows, t)), False
+        _rows(s2, np.float32(scale), _ZERO, 1, False)
+        return True
+    if mask.dtype != np.float32 or mask.ndim > s.ndim:
+        return False
+    shape = (1,) * (s.ndim - mask.ndim) + mask.shape
+    j = s.ndim - 1  # the mask is ones, then s's trailing dims from axis j on
+    while j > 0 and shape[j - 1] == s.shape[j - 1]:
+        j -= 1
+    if shape[-1] == t and all(d == 1 for d in shape[:j]) and mask.flags.c_contiguous:
+        m2 = mask.reshape(-1, t)  # a view: rows repeat every m2.shape[0]
     else:
-        if mask.dtype != np.float32 or mask.ndim > s.ndim:
-            return False
         try:
             full = np.broadcast_to(mask, s.shape)
-        except ValueError:
+        except ValueError:  # enlarges s, or does not broadcast
             return False
-        m2 = full.reshape(rows, t)  # a view for the usual (.., 1, T) masks, else a copy
-        if m2.flags.writeable:  # one numba specialization: the read-only 'A' array
-            m2 = np.broadcast_to(m2, (rows, t))
-        masked = True
-    _rows(s2, np.float32(scale), m2, masked)
+        m2 = np.ascontiguousarray(full).reshape(rows, t)
+    _rows(s2, np.float32(scale), m2, m2.shape[0], True)
     return True

@@ -35,6 +35,9 @@ def _reference(s, scale, mask):
     ((5, 1), None),
     ((4, 9), (9,)),
     ((2, 3, 1031), (2, 3, 1031)),
+    ((2, 3, 5, 11), (3, 5, 11)),         # trailing dims: a view, rows repeat
+    ((2, 3, 5, 11), (2, 3, 5, 1)),       # broadcast along the row: copied
+    ((2, 3, 5, 11), (1, 3, 1, 11)),
 ])
 @pytest.mark.parametrize("scale", [1.0, 0.125])
 def test_rows_equal_float64_numpy(shape, mask_shape, scale):
@@ -42,13 +45,24 @@ def test_rows_equal_float64_numpy(shape, mask_shape, scale):
     mask = None
     if mask_shape is not None:
         mask = np.where(RNG.random(mask_shape) < 0.2, -1e4, 0).astype(np.float32)
-        mask[..., 0] = -np.inf  # masked-out entries give exactly 0
+        if mask_shape[-1] == 1:  # one value a row (-1e4 + s would round in float32)
+            mask = RNG.standard_normal(mask_shape).astype(np.float32)
+        if mask_shape[-1] > 1:
+            mask[..., 0] = -np.inf  # masked-out entries give exactly 0
     want = _reference(s, scale, mask)
     got = s.copy()
     assert _softmax_numba.softmax_rows_f32(got, scale, mask)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
-    if mask is not None:
+    if mask is not None and mask_shape[-1] > 1:
         assert np.all(got[..., 0] == 0)
+
+
+def test_strided_mask():
+    s = RNG.standard_normal((3, 4, 10)).astype(np.float32)
+    mask = RNG.standard_normal((4, 20)).astype(np.float32)[:, ::2]
+    got = s.copy()
+    assert _softmax_numba.softmax_rows_f32(got, 0.5, mask)
+    np.testing.assert_allclose(got, _reference(s, 0.5, mask), rtol=2e-6, atol=1e-7)
 
 
 def test_nonfinite_rows_as_numpy():

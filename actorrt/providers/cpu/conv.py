@@ -167,7 +167,46 @@ class Conv(_PackedWeightConv):
         tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
         return y
 
+    def _direct(self, x, w, b, z, act: str, params=()):
+        """The convolution with its epilogue by the direct kernel
+        (:mod:`._conv_direct`), or None where that path does not apply
+        (dtype, rank, a 1x1 or depthwise conv, an activation its store lacks,
+        shapes the other paths reject with their own errors)."""
+        from . import _conv_direct as cdr
+        if not cdr.ENABLED or not cdr.HAVE_KERNEL or x.dtype != np.float32 or x.ndim != 4 \
+                or w.ndim != 4 or cdr.act_params(act, params) is None:
+            return None
+        group = int(self.node.attr("group", 1))
+        cg = w.shape[1]
+        if x.shape[1] != cg * group or w.shape[0] % group or (cg == 1 and group > 1):
+            return None
+        kernel, strides, dil, out, pb, pe = self._cached(
+            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
+        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w.shape[2:]):
+            return None  # 1x1: the GEMM on the input's view is faster
+        m = w.shape[0]
+        if b is not None and np.size(b) != m:
+            return None
+        if z is not None and tuple(z.shape) != (x.shape[0], m, *out):
+            return None
+        if not cdr.applies(x, kernel, group, m // group, out):
+            return None
+        if self._wpack is not None:
+            wpack = self._wpack
+            wp = self._cached("_dwp_cache", cdr.block_of(out[1]),
+                              lambda: cdr.pack_weights(wpack, out[1]))
+        else:
+            wpack, wp = _pack(w, group, np.float32), None
+        y = cdr.conv2d(x, wpack, wp, group, kernel, strides, dil, pb, out, bias=b, z=z,
+                       act=act, params=params,
+                       geometry_cache=self.__dict__.setdefault("_dgeo_cache", {}))
+        tracing.kernel_variant("conv", "direct", "group=%d kernel=%s", group, kernel)
+        return y
+
     def run(self, x, w, b=None, *, workspace=()):
+        y = self._direct(x, w, b, None, "")
+        if y is not None:
+            return y
         y = self._conv(x, w, workspace)
         if _compiled_epilogue(y, b, None, ""):
             return y.astype(x.dtype, copy=False)
@@ -197,6 +236,9 @@ class FusedConv(Conv):
         self._act = _epilogue.activation(self._act_name, self._act_params)
 
     def run(self, x, w, b=None, z=None, *, workspace=()):
+        y = self._direct(x, w, b, z, self._act_name, self._act_params)
+        if y is not None:
+            return y
         y = self._conv(x, w, workspace)
         if _compiled_epilogue(y, b, z, self._act_name, self._act_params):
             return y.astype(x.dtype, copy=False)

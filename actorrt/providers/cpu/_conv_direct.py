@@ -1,0 +1,364 @@
+"""Direct (no patch matrix) float32 2-D convolution with a register-blocked
+AVX2 micro-kernel, for the small-``M`` convolutions where im2col + OpenBLAS
+sgemm loses most to onnxruntime's NCHWc kernels.
+
+Used by :func:`._conv_util.conv_core` for float32 ``im2col`` / ``1x1``-path
+convolutions when :func:`applies` (numba with AVX2 / FMA, see :data:`ENABLED`
+and :data:`MAX_WORK`); the numpy / BLAS path stays the fallback.
+
+Layout and method:
+
+* The input is copied once, zero-padded, into a *phase-split* buffer ``xs``
+  ``(N, C, SH, SW, HI, WJ)`` with ``xs[n, c, py, px, i, j] = xpad[n, c, i*SH + py,
+  j*SW + px]`` (for stride 1 it is just the padded input). Output ``(oy, ox)``'s
+  tap ``(ky, kx)`` then reads ``xs[n, c, (ky*DH) % SH, (kx*DW) % SW, oy + (ky*DH)
+  // SH, ox + (kx*DW) // SW]``: for consecutive ``ox`` consecutive elements, for any
+  stride and dilation. A table ``offs`` holds each reduction index ``r = (c, ky,
+  kx)``'s element offset from the row start.
+* The micro-kernel (an LLVM IR intrinsic) computes ``MR`` output channels x
+  ``8 * NV`` consecutive output columns of one output row: ``MR * NV`` ``<8 x
+  float>`` accumulators in registers; per ``r`` it loads ``NV`` input vectors
+  and broadcasts ``MR`` weights (packed ``(G, M/G/MR, R, MR)``, zero rows past
+  ``M/G``). The store applies the epilogue (bias, residual ``Z``, then
+  ``max(v, alpha*v)`` clamped to ``[lo, hi]``: Relu, LeakyRelu, Clip or none)
+  and writes only the valid lanes and rows (``llvm.masked.store``), straight
+  into ``y (N, M, OH, OW)``.
+* Work items are (image, group, channel block, output row); more than one
+  intra-op thread splits them into ranges on :func:`._parallel.run_chunks`.
+
+Shapes: ``x (N, C, H, W)`` float32, ``w`` packed from the ``(G, M/G, C/G*KH*KW)``
+GEMM layout of :func:`.conv._pack`; ``y (N, M, OH, OW)`` float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "ACT_BOUNDS"]
+
+#: use the direct kernel where :func:`applies` (tests switch it off to check
+#: the BLAS path and on to check this one)
+ENABLED = True
+#: only convolutions of at most this many multiply-adds per image take the
+#: direct kernel (larger ones keep im2col + sgemm, whose GEMM is at full rate)
+MAX_WORK = 1 << 62
+#: only output channel counts (per group) up to this
+MAX_MG = 1 << 30
+
+try:
+    import numba  # noqa: F401
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+    from numba.core import cgutils
+    import llvmlite.binding as _llvm
+    _features = _llvm.get_host_cpu_features()
+    HAVE_KERNEL = bool(_features.get("avx2") and _features.get("fma"))
+except Exception:  # pragma: no cover - exercised only without numba / AVX2
+    HAVE_KERNEL = False
+
+#: ``(MR, NV)`` register blocks: output channels x 8-float vectors of columns
+BLOCK_WIDE = (4, 2)    # rows of more than 8 output columns
+BLOCK_NARROW = (8, 1)  # rows of up to 8 output columns
+
+if HAVE_KERNEL:
+    _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+    _V = ir.VectorType
+
+    def _as_i64(builder, v):
+        return v if v.type == _i64 else builder.sext(v, _i64)
+
+    def _vptr(builder, base, index):
+        return builder.bitcast(builder.gep(base, [index]), _V(_f32, 8).as_pointer())
+
+    def _splat(builder, value, n=8, ty=None):
+        ty = ty or value.type
+        vec = builder.insert_element(ir.Constant(_V(ty, n), None), value, _i32(0))
+        return builder.shuffle_vector(vec, ir.Constant(_V(ty, n), None),
+                                      ir.Constant(_V(_i32, n), [0] * n))
+
+    def _tile_codegen(mr, nv):
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
+                      for i in (0, 2, 4, 6, 10, 12)]
+            xa, oa, wa, ya, ba, za = arrays
+            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid) = [
+                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17)]
+            lo, hi, alpha = args[14], args[15], args[16]
+            v8f = _V(_f32, 8)
+            fast = ("fast",)
+            zero = ir.Constant(v8f, [0.0] * 8)
+            entry = builder.block
+            loop = builder.append_basic_block("dconv.loop")
+            done = builder.append_basic_block("dconv.done")
+            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
+            builder.position_at_end(loop)
+            r = builder.phi(_i64)
+            r.add_incoming(_i64(0), entry)
+            accs = [builder.phi(v8f) for _ in range(mr * nv)]
+            for phi in accs:
+                phi.add_incoming(zero, entry)
+            xb = builder.add(x_off, builder.load(builder.gep(oa, [r])))
+            xv = [builder.load(_vptr(builder, xa, builder.add(xb, _i64(8 * v))), align=4)
+                  for v in range(nv)]
+            wb = builder.add(w_off, builder.mul(r, _i64(mr)))
+            new = []
+            for m in range(mr):
+                wm = _splat(builder, builder.load(builder.gep(wa, [builder.add(wb, _i64(m))])))
+                for v in range(nv):
+                    new.append(builder.fadd(accs[m * nv + v],
+                                            builder.fmul(wm, xv[v], flags=fast), flags=fast))
+            r1 = builder.add(r, _i64(1))
+            r.add_incoming(r1, loop)
+            for phi, val in zip(accs, new):
+                phi.add_incoming(val, loop)
+            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
+
+            builder.position_at_end(done)
+            finals = []
+            for val in new:
+                phi = builder.phi(v8f)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, loop)
+                finals.append(phi)
+            mstore = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
+                                                                _V(_i1, 8)]),
+                "llvm.masked.store.v8f32.p0v8f32")
+            mload = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _i32, _V(_i1, 8), v8f]),
+                "llvm.masked.load.v8f32.p0v8f32")
+            lov, hiv, alv = (_splat(builder, s) for s in (lo, hi, alpha))
+            zflag = builder.icmp_signed("!=", has_z, _i64(0))
+            lanes = [builder.icmp_signed(
+                "<", ir.Constant(_V(_i64, 8), list(range(8 * v, 8 * v + 8))),
+                _splat(builder, ncols)) for v in range(nv)]
+            for m in range(mr):
+                row_ok = _splat(builder, builder.icmp_signed("<", _i64(m), mvalid), ty=_i1)
+                bm = _splat(builder, builder.load(builder.gep(ba, [builder.add(b_off, _i64(m))])))
+                base = builder.add(y_off, builder.mul(y_stride, _i64(m)))
+                for v in range(nv):
+                    mask = builder.and_(lanes[v], row_ok)
+                    at = builder.add(base, _i64(8 * v))
+                    val = builder.fadd(finals[m * nv + v], bm, flags=fast)
+                    zmask = builder.and_(mask, _splat(builder, zflag, ty=_i1))
+                    zv = builder.call(mload, [_vptr(builder, za, at), _i32(4), zmask, zero])
+                    val = builder.fadd(val, zv, flags=fast)
+                    val = builder.select(builder.fcmp_ordered("<", val, zero),
+                                         builder.fmul(val, alv, flags=fast), val)
+                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
+                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
+                    builder.call(mstore, [val, _vptr(builder, ya, at), _i32(4), mask])
+            return context.get_dummy_value()
+        return codegen
+
+    def _tile_intrinsic(mr, nv):
+        def typer(typingctx, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
+                  bias, b_off, z, has_z, lo, hi, alpha, mvalid):
+            return (types.void(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
+                               bias, b_off, z, has_z, lo, hi, alpha, mvalid),
+                    _tile_codegen(mr, nv))
+        typer.__name__ = f"_dconv_tile_{mr}x{nv}"
+        return intrinsic(typer)
+
+    _tile_wide = _tile_intrinsic(*BLOCK_WIDE)
+    _tile_narrow = _tile_intrinsic(*BLOCK_NARROW)
+
+    def _make_rows(tile, mr, nr_cols):
+        def rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img,
+                 x_grp, oh, ow, wj, start, stop):  # pragma: no cover - compiled
+            m = g * mg
+            plane = oh * ow
+            for t in range(start, stop):
+                oy = t % oh
+                rest = t // oh
+                ob = rest % mb
+                rest //= mb
+                gi = rest % g
+                n = rest // g
+                mvalid = min(mr, mg - ob * mr)
+                w_off = (gi * mb + ob) * nr * mr
+                y_row = ((n * m + gi * mg + ob * mr) * oh + oy) * ow
+                x_row = n * x_img + gi * x_grp + oy * wj
+                b_off = (gi * mb + ob) * mr
+                for ox0 in range(0, ow, nr_cols):
+                    tile(xs, x_row + ox0, offs, nr, wp, w_off, y, y_row + ox0, plane,
+                         ow - ox0, bias, b_off, z, has_z, lo, hi, alpha, mvalid)
+        return njit(nogil=True, cache=True)(rows)
+
+    _rows_wide = _make_rows(_tile_wide, BLOCK_WIDE[0], 8 * BLOCK_WIDE[1])
+    _rows_narrow = _make_rows(_tile_narrow, BLOCK_NARROW[0], 8 * BLOCK_NARROW[1])
+
+
+#: activation -> (alpha, lo, hi) of ``min(max(where(v < 0, alpha*v, v), lo), hi)``
+ACT_BOUNDS = {"": (1.0, -np.inf, np.inf), "Relu": (1.0, 0.0, np.inf)}
+
+
+def act_params(act: str, params=()) -> tuple[float, float, float] | None:
+    """``(alpha, lo, hi)`` of an activation the kernel's store applies, or None."""
+    if act in ACT_BOUNDS:
+        return ACT_BOUNDS[act]
+    if act == "LeakyRelu":
+        return (float(params[0]) if params else 0.01, -np.inf, np.inf)
+    if act == "Clip":
+        lo = float(params[0]) if len(params) > 0 else -np.inf
+        hi = float(params[1]) if len(params) > 1 else np.inf
+        return (1.0, lo, hi)
+    return None
+
+
+def block_of(ow: int) -> tuple[int, int]:
+    """The ``(MR, NV)`` register block for rows of ``ow`` output columns."""
+    return BLOCK_NARROW if ow <= 8 else BLOCK_WIDE
+
+
+def applies(x: np.ndarray, kernel, group: int, mg: int, out_shape) -> bool:
+    """Whether :func:`conv2d` takes this convolution (float32, 2-D, the kernel
+    built, enabled, within :data:`MAX_WORK` / :data:`MAX_MG`)."""
+    if not (ENABLED and HAVE_KERNEL) or x.dtype != np.float32 or len(kernel) != 2:
+        return False
+    if mg > MAX_MG:
+        return False
+    c = x.shape[1]
+    work = group * mg * (c // group) * math.prod(kernel) * math.prod(out_shape)
+    return work <= MAX_WORK
+
+
+def pack_weights(wpack: np.ndarray, ow: int) -> np.ndarray:
+    """``(G, Mg, R)`` GEMM-layout weights -> ``(G, ceil(Mg/MR), R, MR)`` float32
+    (zero rows past ``Mg``), ``MR`` from :func:`block_of` ``(ow)``."""
+    g, mg, r = wpack.shape
+    mr = block_of(ow)[0]
+    mb = -(-mg // mr)
+    wp = np.zeros((g, mb * mr, r), np.float32)
+    wp[:, :mg] = wpack
+    return np.ascontiguousarray(wp.reshape(g, mb, mr, r).transpose(0, 1, 3, 2))
+
+
+def _offsets(cg, kernel, strides, dilations, hi, wj):
+    sh, sw = strides
+    dh, dw = dilations
+    kh, kw = kernel
+    plane = sh * sw * hi * wj
+    offs = np.empty((cg, kh, kw), np.int64)
+    for ky in range(kh):
+        py, iy = divmod(ky * dh, sh)[1], (ky * dh) // sh
+        for kx in range(kw):
+            px, ix = (kx * dw) % sw, (kx * dw) // sw
+            offs[:, ky, kx] = np.arange(cg) * plane + (py * sw + px) * hi * wj + iy * wj + ix
+    return offs.reshape(-1)
+
+
+def _geometry(n, c, h, w, cg, group, kernel, strides, dilations, pb, out_shape, nv, hi_, wj,
+              x_img, x_grp):
+    """(tap offsets, buffer elements incl. the tiles' over-read, the
+    ``(phase-split slices, input slices)`` copies) of one input signature."""
+    sh, sw = strides
+    oh, ow = out_shape
+    offs = _offsets(cg, kernel, strides, dilations, hi_, wj)
+    ncol = -(-ow // (8 * nv)) * 8 * nv
+    need = (n - 1) * x_img + (group - 1) * x_grp + (oh - 1) * wj + ncol + int(offs.max())
+    t, l = pb
+    copies = []
+    for py in range(sh):
+        # padded rows i*sh + py that hold input rows: input row = i*sh + py - t
+        i0 = max(0, -(-(t - py) // sh))
+        i1 = min(hi_, (h - 1 + t - py) // sh + 1)
+        if i1 <= i0:
+            continue
+        for px in range(sw):
+            j0 = max(0, -(-(l - px) // sw))
+            j1 = min(wj, (w - 1 + l - px) // sw + 1)
+            if j1 <= j0:
+                continue
+            r0, c0 = i0 * sh + py - t, j0 * sw + px - l
+            copies.append(((slice(None), slice(None), py * sw + px, slice(i0, i1), slice(j0, j1)),
+                           (slice(None), slice(None), slice(r0, r0 + (i1 - i0 - 1) * sh + 1, sh),
+                            slice(c0, c0 + (j1 - j0 - 1) * sw + 1, sw))))
+    return offs, max(need, n * x_img), copies
+
+
+def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, kernel,
+           strides, dilations, pb, out_shape, bias=None, z=None, act: str = "",
+           params=(), geometry_cache: dict | None = None) -> np.ndarray:
+    """``y (N, M, OH, OW)`` float32 = ``act(conv(x, w) + bias + z)``.
+
+    Args:
+        x: ``(N, C, H, W)`` float32; wpack: ``(G, M/G, C/G*KH*KW)``; wp: the
+            :func:`pack_weights` of it for this ``OW`` (packed here when None);
+            pb: leading pads ``(top, left)`` (trailing pads follow from
+            ``out_shape``); bias ``(M,)`` or None; z ``(N, M, OH, OW)`` or None.
+        act: "", "Relu", "LeakyRelu" or "Clip" (``params`` as onnxruntime's).
+        geometry_cache: a dict kept by the caller for the offset tables.
+
+    Raises:
+        ValueError: an activation the kernel's store does not apply.
+    """
+    ap = act_params(act, params)
+    if ap is None:
+        raise ValueError(f"direct conv: activation {act!r} is not fused in the store")
+    alpha, lo, hi = ap
+    n, c, h, w = x.shape
+    g, mg, r = wpack.shape
+    cg = c // group
+    kh, kw = kernel
+    sh, sw = strides
+    dh, dw = dilations
+    oh, ow = out_shape
+    mr, nv = block_of(ow)
+    if wp is None:
+        wp = pack_weights(wpack, ow)
+    mb = wp.shape[1]
+    # padded extent that the taps reach, rounded up to whole phases
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pb[0] + h)
+    wpd = max((ow - 1) * sw + (kw - 1) * dw + 1, pb[1] + w)
+    hi_, wj = -(-hp // sh), -(-wpd // sw)
+    x_grp = cg * sh * sw * hi_ * wj
+    x_img = group * x_grp
+    key = (n, c, h, w, kernel, strides, dilations, tuple(pb), out_shape, group)
+    cached = geometry_cache.get(key) if geometry_cache is not None else None
+    if cached is None:
+        cached = _geometry(n, c, h, w, cg, group, kernel, strides, dilations, pb, out_shape,
+                           nv, hi_, wj, x_img, x_grp)
+        if geometry_cache is not None:
+            if len(geometry_cache) >= 64:
+                geometry_cache.clear()
+            geometry_cache[key] = cached
+    offs, total, copies = cached
+    buf = np.zeros(total, np.float32)
+    xs = buf[:n * x_img].reshape(n, c, sh * sw, hi_, wj)
+    for dst, src in copies:
+        xs[dst] = x[src]
+    y = np.empty((n, group * mg, oh, ow), np.float32)
+    if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
+            and bias.flags.c_contiguous:
+        bp = bias
+    else:
+        bp = np.zeros(g * mb * mr, np.float32)
+        if bias is not None:
+            bp.reshape(g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(g, mg)
+    if z is not None:
+        zz = np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
+        has_z = 1
+    else:
+        zz, has_z = bp, 0
+    rows = _rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide
+    items = n * g * mb * oh
+    args = (buf, offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
+            np.float32(hi), np.float32(alpha), g, mb, mg, r, x_img, x_grp, oh, ow, wj)
+    from ._threads import current
+    threads = current()
+    if threads <= 1 or items < 2 or 2 * n * group * mg * r * oh * ow < PARALLEL_MIN_FLOPS:
+        rows(*args, 0, items)
+    else:
+        from . import _parallel
+        per = -(-items // (_parallel.CHUNKS_PER_THREAD * threads))
+        _parallel.run_chunks(lambda i: rows(*args, i * per, min(items, (i + 1) * per)),
+                             -(-items // per), threads)
+    return y
+
+
+#: the direct kernel splits over the intra-op threads from this many flops
+PARALLEL_MIN_FLOPS = 1 << 23

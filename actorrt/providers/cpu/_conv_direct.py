@@ -4,7 +4,7 @@ sgemm loses most to onnxruntime's NCHWc kernels.
 
 Used by :func:`._conv_util.conv_core` for float32 ``im2col`` / ``1x1``-path
 convolutions when :func:`applies` (numba with AVX2 / FMA, see :data:`ENABLED`
-and :data:`MAX_WORK`); the numpy / BLAS path stays the fallback.
+and :data:`MAX_REDUCTION`); the numpy / BLAS path stays the fallback.
 
 Layout and method:
 
@@ -23,7 +23,8 @@ Layout and method:
   ``max(v, alpha*v)`` clamped to ``[lo, hi]``: Relu, LeakyRelu, Clip or none)
   and writes only the valid lanes and rows (``llvm.masked.store``), straight
   into ``y (N, M, OH, OW)``.
-* Work items are (image, group, channel block, output row); more than one
+* Work items are (image, group, output row), each its column tiles times
+  its channel blocks (the tile's input window stays in L1); more than one
   intra-op thread splits them into ranges on :func:`._parallel.run_chunks`.
 
 Shapes: ``x (N, C, H, W)`` float32, ``w`` packed from the ``(G, M/G, C/G*KH*KW)``
@@ -41,11 +42,12 @@ __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "ACT_B
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
 ENABLED = True
-#: only convolutions of at most this many multiply-adds per image take the
-#: direct kernel (larger ones keep im2col + sgemm, whose GEMM is at full rate)
-MAX_WORK = 1 << 62
-#: only output channel counts (per group) up to this
-MAX_MG = 1 << 30
+#: only convolutions whose reduction ``C/G * KH * KW`` is at most this take the
+#: direct kernel: past it a tile's input window and a channel block's weights
+#: outgrow L1 (no reduction blocking here) and im2col + sgemm was faster in the
+#: A/B (3x3 over 128-512 channels: direct 1.2-1.9x slower; over 64 channels
+#: 0.76-1.07; resnetish's 16-64-channel layers 0.18-0.58)
+MAX_REDUCTION = 576
 
 try:
     import numba  # noqa: F401
@@ -169,23 +171,24 @@ if HAVE_KERNEL:
     def _make_rows(tile, mr, nr_cols):
         def rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img,
                  x_grp, oh, ow, wj, start, stop):  # pragma: no cover - compiled
+            # per output row: column tiles outer, channel blocks inner, so a
+            # tile's input window stays in L1 while every block reads it
             m = g * mg
             plane = oh * ow
             for t in range(start, stop):
                 oy = t % oh
                 rest = t // oh
-                ob = rest % mb
-                rest //= mb
                 gi = rest % g
                 n = rest // g
-                mvalid = min(mr, mg - ob * mr)
-                w_off = (gi * mb + ob) * nr * mr
-                y_row = ((n * m + gi * mg + ob * mr) * oh + oy) * ow
                 x_row = n * x_img + gi * x_grp + oy * wj
-                b_off = (gi * mb + ob) * mr
                 for ox0 in range(0, ow, nr_cols):
-                    tile(xs, x_row + ox0, offs, nr, wp, w_off, y, y_row + ox0, plane,
-                         ow - ox0, bias, b_off, z, has_z, lo, hi, alpha, mvalid)
+                    for ob in range(mb):
+                        mvalid = min(mr, mg - ob * mr)
+                        w_off = (gi * mb + ob) * nr * mr
+                        y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
+                        tile(xs, x_row + ox0, offs, nr, wp, w_off, y, y_at, plane,
+                             ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo, hi, alpha,
+                             mvalid)
         return njit(nogil=True, cache=True)(rows)
 
     _rows_wide = _make_rows(_tile_wide, BLOCK_WIDE[0], 8 * BLOCK_WIDE[1])
@@ -216,14 +219,10 @@ def block_of(ow: int) -> tuple[int, int]:
 
 def applies(x: np.ndarray, kernel, group: int, mg: int, out_shape) -> bool:
     """Whether :func:`conv2d` takes this convolution (float32, 2-D, the kernel
-    built, enabled, within :data:`MAX_WORK` / :data:`MAX_MG`)."""
+    built, enabled, a reduction of at most :data:`MAX_REDUCTION`)."""
     if not (ENABLED and HAVE_KERNEL) or x.dtype != np.float32 or len(kernel) != 2:
         return False
-    if mg > MAX_MG:
-        return False
-    c = x.shape[1]
-    work = group * mg * (c // group) * math.prod(kernel) * math.prod(out_shape)
-    return work <= MAX_WORK
+    return (x.shape[1] // group) * math.prod(kernel) <= MAX_REDUCTION
 
 
 def pack_weights(wpack: np.ndarray, ow: int) -> np.ndarray:
@@ -345,7 +344,7 @@ def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, 
     else:
         zz, has_z = bp, 0
     rows = _rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide
-    items = n * g * mb * oh
+    items = n * g * oh
     args = (buf, offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
             np.float32(hi), np.float32(alpha), g, mb, mg, r, x_img, x_grp, oh, ow, wj)
     from ._threads import current

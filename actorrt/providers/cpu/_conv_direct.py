@@ -37,7 +37,8 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "ACT_BOUNDS"]
+__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "make_plan", "run",
+           "Plan", "act_params", "block_of", "ACT_BOUNDS"]
 
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
@@ -250,12 +251,37 @@ def _offsets(cg, kernel, strides, dilations, hi, wj):
     return offs.reshape(-1)
 
 
-def _geometry(n, c, h, w, cg, group, kernel, strides, dilations, pb, out_shape, nv, hi_, wj,
-              x_img, x_grp):
-    """(tap offsets, buffer elements incl. the tiles' over-read, the
-    ``(phase-split slices, input slices)`` copies) of one input signature."""
+class Plan:
+    """Everything :func:`run` needs that depends only on the input signature
+    (from :func:`make_plan`; immutable, shareable between threads)."""
+
+    __slots__ = ("offs", "total", "copies", "xs_shape", "y_shape", "rows", "ints", "items",
+                 "mr", "mb", "mg", "g", "split", "key")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
+              out_shape) -> Plan:
+    """The :class:`Plan` of ``x (N, C, H, W)`` convolved with ``(G, M/G, R)``
+    GEMM-layout weights (geometry as :func:`conv2d`'s arguments)."""
+    n, c, h, w = x_shape
+    g, mg, r = wpack_shape
+    cg = c // group
+    kh, kw = kernel
     sh, sw = strides
+    dh, dw = dilations
     oh, ow = out_shape
+    mr, nv = block_of(ow)
+    mb = -(-mg // mr)
+    # padded extent that the taps reach, rounded up to whole phases
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pb[0] + h)
+    wpd = max((ow - 1) * sw + (kw - 1) * dw + 1, pb[1] + w)
+    hi_, wj = -(-hp // sh), -(-wpd // sw)
+    x_grp = cg * sh * sw * hi_ * wj
+    x_img = group * x_grp
     offs = _offsets(cg, kernel, strides, dilations, hi_, wj)
     ncol = -(-ow // (8 * nv)) * 8 * nv
     need = (n - 1) * x_img + (group - 1) * x_grp + (oh - 1) * wj + ncol + int(offs.max())
@@ -276,80 +302,44 @@ def _geometry(n, c, h, w, cg, group, kernel, strides, dilations, pb, out_shape, 
             copies.append(((slice(None), slice(None), py * sw + px, slice(i0, i1), slice(j0, j1)),
                            (slice(None), slice(None), slice(r0, r0 + (i1 - i0 - 1) * sh + 1, sh),
                             slice(c0, c0 + (j1 - j0 - 1) * sw + 1, sw))))
-    return offs, max(need, n * x_img), copies
+    return Plan(offs=offs, total=max(need, n * x_img), copies=tuple(copies),
+                xs_shape=(n, c, sh * sw, hi_, wj), y_shape=(n, group * mg, oh, ow),
+                rows=_rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide,
+                ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj), items=n * g * oh, mr=mr, mb=mb,
+                mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
+                key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
+                     tuple(dilations), tuple(pb), tuple(out_shape)))
 
 
-def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, kernel,
-           strides, dilations, pb, out_shape, bias=None, z=None, act: str = "",
-           params=(), geometry_cache: dict | None = None) -> np.ndarray:
-    """``y (N, M, OH, OW)`` float32 = ``act(conv(x, w) + bias + z)``.
-
-    Args:
-        x: ``(N, C, H, W)`` float32; wpack: ``(G, M/G, C/G*KH*KW)``; wp: the
-            :func:`pack_weights` of it for this ``OW`` (packed here when None);
-            pb: leading pads ``(top, left)`` (trailing pads follow from
-            ``out_shape``); bias ``(M,)`` or None; z ``(N, M, OH, OW)`` or None.
-        act: "", "Relu", "LeakyRelu" or "Clip" (``params`` as onnxruntime's).
-        geometry_cache: a dict kept by the caller for the offset tables.
-
-    Raises:
-        ValueError: an activation the kernel's store does not apply.
-    """
-    ap = act_params(act, params)
-    if ap is None:
-        raise ValueError(f"direct conv: activation {act!r} is not fused in the store")
-    alpha, lo, hi = ap
-    n, c, h, w = x.shape
-    g, mg, r = wpack.shape
-    cg = c // group
-    kh, kw = kernel
-    sh, sw = strides
-    dh, dw = dilations
-    oh, ow = out_shape
-    mr, nv = block_of(ow)
-    if wp is None:
-        wp = pack_weights(wpack, ow)
-    mb = wp.shape[1]
-    # padded extent that the taps reach, rounded up to whole phases
-    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pb[0] + h)
-    wpd = max((ow - 1) * sw + (kw - 1) * dw + 1, pb[1] + w)
-    hi_, wj = -(-hp // sh), -(-wpd // sw)
-    x_grp = cg * sh * sw * hi_ * wj
-    x_img = group * x_grp
-    key = (n, c, h, w, kernel, strides, dilations, tuple(pb), out_shape, group)
-    cached = geometry_cache.get(key) if geometry_cache is not None else None
-    if cached is None:
-        cached = _geometry(n, c, h, w, cg, group, kernel, strides, dilations, pb, out_shape,
-                           nv, hi_, wj, x_img, x_grp)
-        if geometry_cache is not None:
-            if len(geometry_cache) >= 64:
-                geometry_cache.clear()
-            geometry_cache[key] = cached
-    offs, total, copies = cached
-    buf = np.zeros(total, np.float32)
-    xs = buf[:n * x_img].reshape(n, c, sh * sw, hi_, wj)
-    for dst, src in copies:
+def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: float,
+        hi: float) -> np.ndarray:
+    """``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` for ``v = conv(x, w) +
+    bias + z``: ``x`` of the plan's input shape (float32), ``wp`` the
+    :func:`pack_weights` of the weights for the plan's output width, ``bias``
+    ``(M,)`` or None, ``z`` of the output's shape or None."""
+    buf = np.zeros(plan.total, np.float32)
+    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
+    for dst, src in plan.copies:
         xs[dst] = x[src]
-    y = np.empty((n, group * mg, oh, ow), np.float32)
+    y = np.empty(plan.y_shape, np.float32)
+    mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
             and bias.flags.c_contiguous:
         bp = bias
     else:
-        bp = np.zeros(g * mb * mr, np.float32)
+        bp = np.zeros(plan.g * mb * mr, np.float32)
         if bias is not None:
-            bp.reshape(g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(g, mg)
+            bp.reshape(plan.g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(plan.g, mg)
     if z is not None:
         zz = np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
         has_z = 1
     else:
         zz, has_z = bp, 0
-    rows = _rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide
-    items = n * g * oh
-    args = (buf, offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
-            np.float32(hi), np.float32(alpha), g, mb, mg, r, x_img, x_grp, oh, ow, wj)
-    from ._threads import current
-    threads = current()
-    if threads <= 1 or items < 2 or 2 * n * group * mg * r * oh * ow < PARALLEL_MIN_FLOPS:
+    rows, items = plan.rows, plan.items
+    args = (buf, plan.offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
+            np.float32(hi), np.float32(alpha), *plan.ints)
+    threads = current_threads() if plan.split and items > 1 else 1
+    if threads <= 1:
         rows(*args, 0, items)
     else:
         from . import _parallel
@@ -357,6 +347,37 @@ def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, 
         _parallel.run_chunks(lambda i: rows(*args, i * per, min(items, (i + 1) * per)),
                              -(-items // per), threads)
     return y
+
+
+def current_threads() -> int:
+    from ._threads import current
+    return current()
+
+
+def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, kernel,
+           strides, dilations, pb, out_shape, bias=None, z=None, act: str = "",
+           params=()) -> np.ndarray:
+    """``y (N, M, OH, OW)`` float32 = ``act(conv(x, w) + bias + z)`` (a
+    :func:`make_plan` and :func:`run`; callers that convolve one signature
+    repeatedly keep the plan).
+
+    Args:
+        x: ``(N, C, H, W)`` float32; wpack: ``(G, M/G, C/G*KH*KW)``; wp: the
+            :func:`pack_weights` of it for this ``OW`` (packed here when None);
+            pb: leading pads ``(top, left)`` (trailing pads follow from
+            ``out_shape``); bias ``(M,)`` or None; z ``(N, M, OH, OW)`` or None.
+        act: "", "Relu", "LeakyRelu" or "Clip" (``params`` as onnxruntime's).
+
+    Raises:
+        ValueError: an activation the kernel's store does not apply.
+    """
+    ap = act_params(act, params)
+    if ap is None:
+        raise ValueError(f"direct conv: activation {act!r} is not fused in the store")
+    if wp is None:
+        wp = pack_weights(wpack, out_shape[1])
+    plan = make_plan(x.shape, wpack.shape, group, kernel, strides, dilations, pb, out_shape)
+    return run(plan, x, wp, bias, z, *ap)
 
 
 #: the direct kernel splits over the intra-op threads from this many flops

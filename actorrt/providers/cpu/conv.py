@@ -173,35 +173,44 @@ class Conv(_PackedWeightConv):
         (dtype, rank, a 1x1 or depthwise conv, an activation its store lacks,
         shapes the other paths reject with their own errors)."""
         from . import _conv_direct as cdr
-        if not cdr.ENABLED or not cdr.HAVE_KERNEL or x.dtype != np.float32 or x.ndim != 4 \
-                or w.ndim != 4 or cdr.act_params(act, params) is None:
+        if not cdr.ENABLED or x.dtype != np.float32 or x.ndim != 4 or w.ndim != 4:
             return None
-        group = int(self.node.attr("group", 1))
-        cg = w.shape[1]
-        if x.shape[1] != cg * group or w.shape[0] % group or (cg == 1 and group > 1):
+        ap = cdr.act_params(act, params)
+        if ap is None:
             return None
-        kernel, strides, dil, out, pb, pe = self._cached(
-            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
-        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w.shape[2:]):
-            return None  # 1x1: the GEMM on the input's view is faster
-        m = w.shape[0]
+        plan = self._cached("_dplan_cache", (x.shape, w.shape),
+                            lambda: self._direct_plan(x, w))
+        if plan is False:
+            return None
+        m = plan.y_shape[1]
         if b is not None and np.size(b) != m:
             return None
-        if z is not None and tuple(z.shape) != (x.shape[0], m, *out):
-            return None
-        if not cdr.applies(x, kernel, group, m // group, out):
+        if z is not None and z.shape != plan.y_shape:
             return None
         if self._wpack is not None:
             wpack = self._wpack
-            wp = self._cached("_dwp_cache", cdr.block_of(out[1]),
-                              lambda: cdr.pack_weights(wpack, out[1]))
+            wp = self._cached("_dwp_cache", plan.mr, lambda: cdr.pack_weights(wpack, plan.y_shape[3]))
         else:
-            wpack, wp = _pack(w, group, np.float32), None
-        y = cdr.conv2d(x, wpack, wp, group, kernel, strides, dil, pb, out, bias=b, z=z,
-                       act=act, params=params,
-                       geometry_cache=self.__dict__.setdefault("_dgeo_cache", {}))
-        tracing.kernel_variant("conv", "direct", "group=%d kernel=%s", group, kernel)
+            wp = cdr.pack_weights(_pack(w, int(self.node.attr("group", 1)), np.float32),
+                                  plan.y_shape[3])
+        y = cdr.run(plan, x, wp, b, z, *ap)
+        tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
         return y
+
+    def _direct_plan(self, x, w):
+        """The direct kernel's plan for these shapes, or False (not its case)."""
+        from . import _conv_direct as cdr
+        group = int(self.node.attr("group", 1))
+        cg = w.shape[1]
+        if x.shape[1] != cg * group or w.shape[0] % group or (cg == 1 and group > 1):
+            return False
+        kernel, strides, dil, out, pb, pe = _geometry(self.node, x.shape, w.shape)
+        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w.shape[2:]):
+            return False  # 1x1: the GEMM on the input's view is faster
+        if not cdr.applies(x, kernel, group, w.shape[0] // group, out):
+            return False
+        return cdr.make_plan(x.shape, (group, w.shape[0] // group, cg * kernel[0] * kernel[1]),
+                             group, kernel, strides, dil, pb, out)
 
     def run(self, x, w, b=None, *, workspace=()):
         y = self._direct(x, w, b, None, "")

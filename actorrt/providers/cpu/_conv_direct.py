@@ -82,6 +82,9 @@ if HAVE_KERNEL:
         return builder.shuffle_vector(vec, ir.Constant(_V(ty, n), None),
                                       ir.Constant(_V(_i32, n), [0] * n))
 
+    #: IR helpers shared with the other direct kernels (:mod:`._pool_direct`)
+    as_i64, vec_ptr, splat = _as_i64, _vptr, _splat
+
     def _tile_codegen(mr, nv):
         def codegen(context, builder, sig, args):
             arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data

@@ -43,11 +43,20 @@ __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "make_
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
 ENABLED = True
+#: reductions are cut into blocks of this many (channel, tap) pairs: a
+#: block's input window stays in L1; later blocks add onto the stored sums,
+#: the last applies the epilogue
+REDUCTION_BLOCK = 576
+#: bytes of packed weights (channel blocks x one reduction block) swept per
+#: column tile: they stay in L2
+WEIGHT_BLOCK_BYTES = 160 << 10
 #: only convolutions whose reduction ``C/G * KH * KW`` is at most this take the
 #: direct kernel: past it a tile's input window and a channel block's weights
 #: outgrow L1 (no reduction blocking here) and im2col + sgemm was faster in the
 #: A/B (3x3 over 128-512 channels: direct 1.2-1.9x slower; over 64 channels
-#: 0.76-1.07; resnetish's 16-64-channel layers 0.18-0.58)
+#: 0.76-1.07; resnetish's 16-64-channel layers 0.18-0.58). Cutting the
+#: reduction into L1-sized blocks (:data:`REDUCTION_BLOCK`) did not close that
+#: gap (1.16-2.0x on the 128-512-channel layers, same A/B)
 MAX_REDUCTION = 576
 
 try:
@@ -90,8 +99,8 @@ if HAVE_KERNEL:
             arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
                       for i in (0, 2, 4, 6, 10, 12)]
             xa, oa, wa, ya, ba, za = arrays
-            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid) = [
-                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17)]
+            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
+                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
             lo, hi, alpha = args[14], args[15], args[16]
             v8f = _V(_f32, 8)
             fast = ("fast",)
@@ -106,7 +115,7 @@ if HAVE_KERNEL:
             accs = [builder.phi(v8f) for _ in range(mr * nv)]
             for phi in accs:
                 phi.add_incoming(zero, entry)
-            xb = builder.add(x_off, builder.load(builder.gep(oa, [r])))
+            xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
             xv = [builder.load(_vptr(builder, xa, builder.add(xb, _i64(8 * v))), align=4)
                   for v in range(nv)]
             wb = builder.add(w_off, builder.mul(r, _i64(mr)))
@@ -138,6 +147,11 @@ if HAVE_KERNEL:
                 "llvm.masked.load.v8f32.p0v8f32")
             lov, hiv, alv = (_splat(builder, s) for s in (lo, hi, alpha))
             zflag = builder.icmp_signed("!=", has_z, _i64(0))
+            # flags bit 0: add onto y's values (a later reduction block); bit 1:
+            # apply the epilogue (the last block)
+            accumulate = _splat(builder, builder.icmp_signed(
+                "!=", builder.and_(flags, _i64(1)), _i64(0)), ty=_i1)
+            final = builder.icmp_signed("!=", builder.and_(flags, _i64(2)), _i64(0))
             lanes = [builder.icmp_signed(
                 "<", ir.Constant(_V(_i64, 8), list(range(8 * v, 8 * v + 8))),
                 _splat(builder, ncols)) for v in range(nv)]
@@ -148,7 +162,10 @@ if HAVE_KERNEL:
                 for v in range(nv):
                     mask = builder.and_(lanes[v], row_ok)
                     at = builder.add(base, _i64(8 * v))
-                    val = builder.fadd(finals[m * nv + v], bm, flags=fast)
+                    prev = builder.call(mload, [_vptr(builder, ya, at), _i32(4),
+                                                builder.and_(mask, accumulate), zero])
+                    raw = builder.fadd(finals[m * nv + v], prev, flags=fast)
+                    val = builder.fadd(raw, bm, flags=fast)
                     zmask = builder.and_(mask, _splat(builder, zflag, ty=_i1))
                     zv = builder.call(mload, [_vptr(builder, za, at), _i32(4), zmask, zero])
                     val = builder.fadd(val, zv, flags=fast)
@@ -156,15 +173,16 @@ if HAVE_KERNEL:
                                          builder.fmul(val, alv, flags=fast), val)
                     val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
                     val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
+                    val = builder.select(final, val, raw)
                     builder.call(mstore, [val, _vptr(builder, ya, at), _i32(4), mask])
             return context.get_dummy_value()
         return codegen
 
     def _tile_intrinsic(mr, nv):
         def typer(typingctx, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                  bias, b_off, z, has_z, lo, hi, alpha, mvalid):
+                  bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags):
             return (types.void(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                               bias, b_off, z, has_z, lo, hi, alpha, mvalid),
+                               bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags),
                     _tile_codegen(mr, nv))
         typer.__name__ = f"_dconv_tile_{mr}x{nv}"
         return intrinsic(typer)
@@ -174,9 +192,10 @@ if HAVE_KERNEL:
 
     def _make_rows(tile, mr, nr_cols):
         def rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img,
-                 x_grp, oh, ow, wj, start, stop):  # pragma: no cover - compiled
-            # per output row: column tiles outer, channel blocks inner, so a
-            # tile's input window stays in L1 while every block reads it
+                 x_grp, oh, ow, wj, kc, obg, start, stop):  # pragma: no cover - compiled
+            # per output row: reduction blocks of kc, groups of obg channel
+            # blocks (their weights stay in L2), column tiles, channel blocks
+            # (a tile's input window stays in L1 while every block reads it)
             m = g * mg
             plane = oh * ow
             for t in range(start, stop):
@@ -185,14 +204,18 @@ if HAVE_KERNEL:
                 gi = rest % g
                 n = rest // g
                 x_row = n * x_img + gi * x_grp + oy * wj
-                for ox0 in range(0, ow, nr_cols):
-                    for ob in range(mb):
-                        mvalid = min(mr, mg - ob * mr)
-                        w_off = (gi * mb + ob) * nr * mr
-                        y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
-                        tile(xs, x_row + ox0, offs, nr, wp, w_off, y, y_at, plane,
-                             ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo, hi, alpha,
-                             mvalid)
+                for r0 in range(0, nr, kc):
+                    kn = min(kc, nr - r0)
+                    flags = (1 if r0 > 0 else 0) | (2 if r0 + kn >= nr else 0)
+                    for og in range(0, mb, obg):
+                        for ox0 in range(0, ow, nr_cols):
+                            for ob in range(og, min(mb, og + obg)):
+                                mvalid = min(mr, mg - ob * mr)
+                                w_off = ((gi * mb + ob) * nr + r0) * mr
+                                y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
+                                tile(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
+                                     ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo, hi,
+                                     alpha, mvalid, r0, flags)
         return njit(nogil=True, cache=True)(rows)
 
     _rows_wide = _make_rows(_tile_wide, BLOCK_WIDE[0], 8 * BLOCK_WIDE[1])
@@ -308,7 +331,9 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
     return Plan(offs=offs, total=max(need, n * x_img), copies=tuple(copies),
                 xs_shape=(n, c, sh * sw, hi_, wj), y_shape=(n, group * mg, oh, ow),
                 rows=_rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide,
-                ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj), items=n * g * oh, mr=mr, mb=mb,
+                ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
+                      max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK)))),
+                items=n * g * oh, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
                      tuple(dilations), tuple(pb), tuple(out_shape)))

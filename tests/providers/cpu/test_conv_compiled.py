@@ -90,10 +90,13 @@ DIRECT_CASES = [c for c in CASES if not (c[9] > 1 and c[1] == c[9])] + [  # not 
 def test_direct_conv_matches_onnxruntime(case, drivers, monkeypatch):
     """The direct kernel (phase-split input, register-blocked tiles, masked
     stores) on every non-depthwise case, its rows split across two threads
-    or run serially."""
+    with the reduction in blocks of 7, or run serially in one block."""
     if not _conv_direct.HAVE_KERNEL:
         pytest.skip("no numba / AVX2+FMA: the direct kernel is not built")
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
+    if drivers == "chunks":  # several reduction blocks (sums stored, added to, epilogue last)
+        monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
+        monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
     model, x = _model(case)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)

@@ -244,12 +244,13 @@ def block_of(ow: int) -> tuple[int, int]:
     return BLOCK_NARROW if ow <= 8 else BLOCK_WIDE
 
 
-def applies(x: np.ndarray, kernel, group: int, mg: int, out_shape) -> bool:
-    """Whether :func:`conv2d` takes this convolution (float32, 2-D, the kernel
-    built, enabled, a reduction of at most :data:`MAX_REDUCTION`)."""
-    if not (ENABLED and HAVE_KERNEL) or x.dtype != np.float32 or len(kernel) != 2:
+def applies(dtype, channels: int, kernel, group: int) -> bool:
+    """Whether :func:`conv2d` takes a convolution of ``channels`` input
+    channels in ``dtype`` (float32, 2-D, the kernel built, enabled, a
+    reduction ``channels / group * KH * KW`` of at most :data:`MAX_REDUCTION`)."""
+    if not (ENABLED and HAVE_KERNEL) or np.dtype(dtype) != np.float32 or len(kernel) != 2:
         return False
-    return (x.shape[1] // group) * math.prod(kernel) <= MAX_REDUCTION
+    return (channels // group) * math.prod(kernel) <= MAX_REDUCTION
 
 
 def pack_weights(wpack: np.ndarray, ow: int) -> np.ndarray:

@@ -146,6 +146,12 @@ class Conv(_PackedWeightConv):
     def _workspace(self, x_shape, w_shape):
         vt = self.node.input_type(0)
         dt = to_numpy_dtype(vt.dtype) if vt is not None and vt.dtype else np.dtype(np.float32)
+        from . import _conv_direct as cdr
+        if dt == np.float32 and cdr.ENABLED and cdr.act_params(
+                getattr(self, "_act_name", ""), getattr(self, "_act_params", ())) is not None:
+            key = (tuple(x_shape), tuple(w_shape))
+            if self._cached("_dplan_cache", key, lambda: self._direct_plan(*key)) is not False:
+                return []  # the direct kernel allocates its own (smaller) padded copy
         kernel, _, _, out, pb, pe = _geometry(self.node, x_shape, w_shape)
         sizes = conv_workspace(x_shape, kernel, pb, pe, out, int(self.node.attr("group", 1)),
                                compute_dtype(dt).itemsize)
@@ -179,7 +185,7 @@ class Conv(_PackedWeightConv):
         if ap is None:
             return None
         plan = self._cached("_dplan_cache", (x.shape, w.shape),
-                            lambda: self._direct_plan(x, w))
+                            lambda: self._direct_plan(x.shape, w.shape))
         if plan is False:
             return None
         m = plan.y_shape[1]
@@ -197,19 +203,21 @@ class Conv(_PackedWeightConv):
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
         return y
 
-    def _direct_plan(self, x, w):
-        """The direct kernel's plan for these shapes, or False (not its case)."""
+    def _direct_plan(self, x_shape, w_shape):
+        """The direct kernel's plan for float32 inputs of these shapes, or
+        False (not its case)."""
         from . import _conv_direct as cdr
         group = int(self.node.attr("group", 1))
-        cg = w.shape[1]
-        if x.shape[1] != cg * group or w.shape[0] % group or (cg == 1 and group > 1):
+        cg = w_shape[1]
+        if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != cg * group \
+                or w_shape[0] % group or (cg == 1 and group > 1):
             return False
-        kernel, strides, dil, out, pb, pe = _geometry(self.node, x.shape, w.shape)
-        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w.shape[2:]):
+        kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
+        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w_shape[2:]):
             return False  # 1x1: the GEMM on the input's view is faster
-        if not cdr.applies(x, kernel, group, w.shape[0] // group, out):
+        if not cdr.applies(np.float32, x_shape[1], kernel, group):
             return False
-        return cdr.make_plan(x.shape, (group, w.shape[0] // group, cg * kernel[0] * kernel[1]),
+        return cdr.make_plan(tuple(x_shape), (group, w_shape[0] // group, cg * kernel[0] * kernel[1]),
                              group, kernel, strides, dil, pb, out)
 
     def run(self, x, w, b=None, *, workspace=()):

@@ -190,37 +190,42 @@ if HAVE_KERNEL:
     _tile_wide = _tile_intrinsic(*BLOCK_WIDE)
     _tile_narrow = _tile_intrinsic(*BLOCK_NARROW)
 
-    def _make_rows(tile, mr, nr_cols):
-        def rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img,
-                 x_grp, oh, ow, wj, kc, obg, start, stop):  # pragma: no cover - compiled
-            # per output row: reduction blocks of kc, groups of obg channel
-            # blocks (their weights stay in L2), column tiles, channel blocks
-            # (a tile's input window stays in L1 while every block reads it)
-            m = g * mg
-            plane = oh * ow
-            for t in range(start, stop):
-                oy = t % oh
-                rest = t // oh
-                gi = rest % g
-                n = rest // g
-                x_row = n * x_img + gi * x_grp + oy * wj
-                for r0 in range(0, nr, kc):
-                    kn = min(kc, nr - r0)
-                    flags = (1 if r0 > 0 else 0) | (2 if r0 + kn >= nr else 0)
-                    for og in range(0, mb, obg):
-                        for ox0 in range(0, ow, nr_cols):
-                            for ob in range(og, min(mb, og + obg)):
-                                mvalid = min(mr, mg - ob * mr)
-                                w_off = ((gi * mb + ob) * nr + r0) * mr
-                                y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
-                                tile(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
-                                     ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo, hi,
-                                     alpha, mvalid, r0, flags)
-        return njit(nogil=True, cache=True)(rows)
-
-    _rows_wide = _make_rows(_tile_wide, BLOCK_WIDE[0], 8 * BLOCK_WIDE[1])
-    _rows_narrow = _make_rows(_tile_narrow, BLOCK_NARROW[0], 8 * BLOCK_NARROW[1])
-
+    @njit(nogil=True, cache=True)
+    def _rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img, x_grp,
+              oh, ow, wj, kc, obg, wide, start, stop):  # pragma: no cover - compiled
+        """Output rows ``[start, stop)``: per row, reduction blocks of kc,
+        groups of obg channel blocks (their weights stay in L2), column tiles,
+        channel blocks (a tile's input window stays in L1 while every block
+        reads it). ``wide``: the 4 x 16 tile, else the 8 x 8 one. (One module-
+        level function: numba's cache keys closures by their cells, which an
+        intrinsic does not pickle stably, so a closure recompiled per process.)"""
+        mr = BLOCK_WIDE[0] if wide else BLOCK_NARROW[0]
+        cols = 8 * (BLOCK_WIDE[1] if wide else BLOCK_NARROW[1])
+        m = g * mg
+        plane = oh * ow
+        for t in range(start, stop):
+            oy = t % oh
+            rest = t // oh
+            gi = rest % g
+            n = rest // g
+            x_row = n * x_img + gi * x_grp + oy * wj
+            for r0 in range(0, nr, kc):
+                kn = min(kc, nr - r0)
+                flags = (1 if r0 > 0 else 0) | (2 if r0 + kn >= nr else 0)
+                for og in range(0, mb, obg):
+                    for ox0 in range(0, ow, cols):
+                        for ob in range(og, min(mb, og + obg)):
+                            mvalid = min(mr, mg - ob * mr)
+                            w_off = ((gi * mb + ob) * nr + r0) * mr
+                            y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
+                            if wide:
+                                _tile_wide(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
+                                           ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo,
+                                           hi, alpha, mvalid, r0, flags)
+                            else:
+                                _tile_narrow(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at,
+                                             plane, ow - ox0, bias, (gi * mb + ob) * mr, z,
+                                             has_z, lo, hi, alpha, mvalid, r0, flags)
 
 #: activation -> (alpha, lo, hi) of ``min(max(where(v < 0, alpha*v, v), lo), hi)``
 ACT_BOUNDS = {"": (1.0, -np.inf, np.inf), "Relu": (1.0, 0.0, np.inf)}
@@ -331,9 +336,10 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                             slice(c0, c0 + (j1 - j0 - 1) * sw + 1, sw))))
     return Plan(offs=offs, total=max(need, n * x_img), copies=tuple(copies),
                 xs_shape=(n, c, sh * sw, hi_, wj), y_shape=(n, group * mg, oh, ow),
-                rows=_rows_narrow if (mr, nv) == BLOCK_NARROW else _rows_wide,
+                rows=_rows,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
-                      max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK)))),
+                      max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK))),
+                      (mr, nv) == BLOCK_WIDE),
                 items=n * g * oh, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),

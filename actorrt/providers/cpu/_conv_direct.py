@@ -43,6 +43,13 @@ __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "make_
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
 ENABLED = True
+#: ... and only up to this many output channels per group, unless the output
+#: plane is at most :data:`SMALL_PLANE` pixels: in the A/B (loaded machine) 64+
+#: channels over larger planes went 0.74-2.3x (1x16x55x55 -> 64: 1.55-1.99,
+#: squeezenet's 7x7 stem -> 96: 2.26, 1x64x56x56 -> 64: 0.95-1.23), while every
+#: layer of up to 32 channels, and the 64-channel ones on 4x4 planes, won (0.18-0.71)
+MAX_MG = 32
+SMALL_PLANE = 256
 #: reductions are cut into blocks of this many (channel, tap) pairs: a
 #: block's input window stays in L1; later blocks add onto the stored sums,
 #: the last applies the epilogue
@@ -249,13 +256,17 @@ def block_of(ow: int) -> tuple[int, int]:
     return BLOCK_NARROW if ow <= 8 else BLOCK_WIDE
 
 
-def applies(dtype, channels: int, kernel, group: int) -> bool:
+def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> bool:
     """Whether :func:`conv2d` takes a convolution of ``channels`` input
-    channels in ``dtype`` (float32, 2-D, the kernel built, enabled, a
-    reduction ``channels / group * KH * KW`` of at most :data:`MAX_REDUCTION`)."""
+    channels in ``dtype`` to ``mg`` output channels per group (float32, 2-D,
+    the kernel built, enabled, a reduction ``channels / group * KH * KW`` of
+    at most :data:`MAX_REDUCTION`, and at most :data:`MAX_MG` output channels
+    per group unless the output plane has at most :data:`SMALL_PLANE` pixels)."""
     if not (ENABLED and HAVE_KERNEL) or np.dtype(dtype) != np.float32 or len(kernel) != 2:
         return False
-    return (channels // group) * math.prod(kernel) <= MAX_REDUCTION
+    if (channels // group) * math.prod(kernel) > MAX_REDUCTION:
+        return False
+    return mg <= MAX_MG or math.prod(out_shape) <= SMALL_PLANE
 
 
 def pack_weights(wpack: np.ndarray, ow: int) -> np.ndarray:

@@ -215,7 +215,7 @@ class Conv(_PackedWeightConv):
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
         if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w_shape[2:]):
             return False  # 1x1: the GEMM on the input's view is faster
-        if not cdr.applies(np.float32, x_shape[1], kernel, group):
+        if not cdr.applies(np.float32, x_shape[1], kernel, group, w_shape[0] // group, out):
             return False
         return cdr.make_plan(tuple(x_shape), (group, w_shape[0] // group, cg * kernel[0] * kernel[1]),
                              group, kernel, strides, dil, pb, out)

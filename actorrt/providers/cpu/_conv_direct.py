@@ -50,6 +50,11 @@ ENABLED = True
 #: layer of up to 32 channels, and the 64-channel ones on 4x4 planes, won (0.18-0.71)
 MAX_MG = 32
 SMALL_PLANE = 256
+#: ... and only reductions of at least this many: shorter ones (3-channel 3x3
+#: stems, 27) pay the tile's masked epilogue per 27 steps; shufflenet with its
+#: 3x3 stem on the direct kernel measured 0.15-0.5 higher ratios in three
+#: interleaved runs
+MIN_REDUCTION = 64
 #: reductions are cut into blocks of this many (channel, tap) pairs: a
 #: block's input window stays in L1; later blocks add onto the stored sums,
 #: the last applies the epilogue
@@ -259,12 +264,12 @@ def block_of(ow: int) -> tuple[int, int]:
 def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> bool:
     """Whether :func:`conv2d` takes a convolution of ``channels`` input
     channels in ``dtype`` to ``mg`` output channels per group (float32, 2-D,
-    the kernel built, enabled, a reduction ``channels / group * KH * KW`` of
-    at most :data:`MAX_REDUCTION`, and at most :data:`MAX_MG` output channels
+    the kernel built, enabled, a reduction ``channels / group * KH * KW`` in
+    ``[MIN_REDUCTION, MAX_REDUCTION]``, and at most :data:`MAX_MG` output channels
     per group unless the output plane has at most :data:`SMALL_PLANE` pixels)."""
     if not (ENABLED and HAVE_KERNEL) or np.dtype(dtype) != np.float32 or len(kernel) != 2:
         return False
-    if (channels // group) * math.prod(kernel) > MAX_REDUCTION:
+    if not MIN_REDUCTION <= (channels // group) * math.prod(kernel) <= MAX_REDUCTION:
         return False
     return mg <= MAX_MG or math.prod(out_shape) <= SMALL_PLANE
 

@@ -297,6 +297,7 @@ async def test_im2col_scratch_is_handed_over_by_the_executor_exactly(monkeypatch
     assert s._providers[0].statistics().memory.live_by_role["workspace"] == 0
     if _conv_direct.HAVE_KERNEL:
         monkeypatch.setattr(_conv_direct, "ENABLED", True)
+        monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
         async with actorrt.open_session(m, options=actorrt.SessionOptions(workers=1)) as s:
             (step,) = s.plan.steps
             assert step.kernel.workspace([(2, 3, 10, 12), w.shape]) == []

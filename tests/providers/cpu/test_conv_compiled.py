@@ -94,6 +94,7 @@ def test_direct_conv_matches_onnxruntime(case, drivers, monkeypatch):
     if not _conv_direct.HAVE_KERNEL:
         pytest.skip("no numba / AVX2+FMA: the direct kernel is not built")
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)  # these small cases on the kernel too
     if drivers == "chunks":  # several reduction blocks (sums stored, added to, epilogue last)
         monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
         monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
@@ -197,6 +198,7 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
     from actorrt.providers.cpu import conv as conv_mod
     monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
     monkeypatch.setattr(_conv_direct, "ENABLED", epilogue == "direct")
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
     n, c, h, w, m = 2, 3, 9, 11, 5
     ins = ["x", "W", "B" if with_b else ""]

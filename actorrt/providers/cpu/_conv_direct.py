@@ -47,9 +47,11 @@ ENABLED = True
 #: plane is at most :data:`SMALL_PLANE` pixels: in the A/B (loaded machine) 64+
 #: channels over larger planes went 0.74-2.3x (1x16x55x55 -> 64: 1.55-1.99,
 #: squeezenet's 7x7 stem -> 96: 2.26, 1x64x56x56 -> 64: 0.95-1.23), while every
-#: layer of up to 32 channels, and the 64-channel ones on 4x4 planes, won (0.18-0.71)
+#: layer of up to 32 channels, and the 64-channel ones on 4x4 planes, won (0.18-0.71);
+#: squeezenet's 192/256-channel 13x13 expands (kernel A/B 0.84-1.01) made the model
+#: 0.2-0.4 slower in four interleaved runs, so the plane limit is 8x8
 MAX_MG = 32
-SMALL_PLANE = 256
+SMALL_PLANE = 64
 #: ... and only reductions of at least this many: shorter ones (3-channel 3x3
 #: stems, 27) pay the tile's masked epilogue per 27 steps; shufflenet with its
 #: 3x3 stem on the direct kernel measured 0.15-0.5 higher ratios in three

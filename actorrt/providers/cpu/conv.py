@@ -4,6 +4,10 @@ CausalConvWithState and Col2Im (ONNX spec, every since-version up to opset 28).
 Layout ``(N, C, D1, ..., Dn)``; weights ``(M, C/group, k1, ..., kn)`` (Conv) or
 ``(C, M/group, k1, ..., kn)`` (ConvTranspose). Float16/bfloat16 accumulate in
 float32; the integer convolutions accumulate exactly in float64 GEMMs.
+Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (small
+channel counts, not 1x1, not depthwise) run the direct register-blocked kernel
+with the epilogue in its store; the rest go through :func:`._conv_util.conv_core`
+(im2col / 1x1 GEMM on OpenBLAS, the compiled depthwise kernel).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ operation per kernel tap; float16/bfloat16 sums accumulate in float32. 2-D
 float32/float64 MaxPool (without Indices), AveragePool and GlobalAveragePool
 run compiled and parallel over the planes (:mod:`._pool_numba`) when numba is
 installed and :data:`COMPILED` is set; the numpy paths stay the fallback.
+2-D float32 MaxPool (without Indices) on inputs up to
+:data:`._pool_direct.MAX_ELEMENTS` runs as AVX2 ``maxnum`` tiles
+(:mod:`._pool_direct`), bit-equal to the numpy tap path.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ CausalConvWithState and Col2Im (ONNX spec, every since-version up to opset 28).
 Layout ``(N, C, D1, ..., Dn)``; weights ``(M, C/group, k1, ..., kn)`` (Conv) or
 ``(C, M/group, k1, ..., kn)`` (ConvTranspose). Float16/bfloat16 accumulate in
 float32; the integer convolutions accumulate exactly in float64 GEMMs.
+Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (small
+channel counts, not 1x1, not depthwise) run the direct register-blocked kernel
+with the epilogue in its store; the rest go through :func:`._conv_util.conv_core`
+(im2col / 1x1 GEMM on OpenBLAS, the compiled depthwise kernel).
 """
 
 from __future__ import annotations
@@ -146,6 +150,12 @@ class Conv(_PackedWeightConv):
     def _workspace(self, x_shape, w_shape):
         vt = self.node.input_type(0)
         dt = to_numpy_dtype(vt.dtype) if vt is not None and vt.dtype else np.dtype(np.float32)
+        from . import _conv_direct as cdr
+        if dt == np.float32 and cdr.ENABLED and cdr.act_params(
+                getattr(self, "_act_name", ""), getattr(self, "_act_params", ())) is not None:
+            key = (tuple(x_shape), tuple(w_shape))
+            if self._cached("_dplan_cache", key, lambda: self._direct_plan(*key)) is not False:
+                return []  # the direct kernel allocates its own (smaller) padded copy
         kernel, _, _, out, pb, pe = _geometry(self.node, x_shape, w_shape)
         sizes = conv_workspace(x_shape, kernel, pb, pe, out, int(self.node.attr("group", 1)),
                                compute_dtype(dt).itemsize)
@@ -167,7 +177,57 @@ class Conv(_PackedWeightConv):
         tracing.kernel_variant("conv", path, "group=%d kernel=%s", group, kernel)
         return y
 
+    def _direct(self, x, w, b, z, act: str, params=()):
+        """The convolution with its epilogue by the direct kernel
+        (:mod:`._conv_direct`), or None where that path does not apply
+        (dtype, rank, a 1x1 or depthwise conv, an activation its store lacks,
+        shapes the other paths reject with their own errors)."""
+        from . import _conv_direct as cdr
+        if not cdr.ENABLED or x.dtype != np.float32 or x.ndim != 4 or w.ndim != 4:
+            return None
+        ap = cdr.act_params(act, params)
+        if ap is None:
+            return None
+        plan = self._cached("_dplan_cache", (x.shape, w.shape),
+                            lambda: self._direct_plan(x.shape, w.shape))
+        if plan is False:
+            return None
+        m = plan.y_shape[1]
+        if b is not None and np.size(b) != m:
+            return None
+        if z is not None and z.shape != plan.y_shape:
+            return None
+        if self._wpack is not None:
+            wpack = self._wpack
+            wp = self._cached("_dwp_cache", plan.mr, lambda: cdr.pack_weights(wpack, plan.y_shape[3]))
+        else:
+            wp = cdr.pack_weights(_pack(w, int(self.node.attr("group", 1)), np.float32),
+                                  plan.y_shape[3])
+        y = cdr.run(plan, x, wp, b, z, *ap)
+        tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
+        return y
+
+    def _direct_plan(self, x_shape, w_shape):
+        """The direct kernel's plan for float32 inputs of these shapes, or
+        False (not its case)."""
+        from . import _conv_direct as cdr
+        group = int(self.node.attr("group", 1))
+        cg = w_shape[1]
+        if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != cg * group \
+                or w_shape[0] % group or (cg == 1 and group > 1):
+            return False
+        kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
+        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w_shape[2:]):
+            return False  # 1x1: the GEMM on the input's view is faster
+        if not cdr.applies(np.float32, x_shape[1], kernel, group, w_shape[0] // group, out):
+            return False
+        return cdr.make_plan(tuple(x_shape), (group, w_shape[0] // group, cg * kernel[0] * kernel[1]),
+                             group, kernel, strides, dil, pb, out)
+
     def run(self, x, w, b=None, *, workspace=()):
+        y = self._direct(x, w, b, None, "")
+        if y is not None:
+            return y
         y = self._conv(x, w, workspace)
         if _compiled_epilogue(y, b, None, ""):
             return y.astype(x.dtype, copy=False)
@@ -197,6 +257,9 @@ class FusedConv(Conv):
         self._act = _epilogue.activation(self._act_name, self._act_params)
 
     def run(self, x, w, b=None, z=None, *, workspace=()):
+        y = self._direct(x, w, b, z, self._act_name, self._act_params)
+        if y is not None:
+            return y
         y = self._conv(x, w, workspace)
         if _compiled_epilogue(y, b, z, self._act_name, self._act_params):
             return y.astype(x.dtype, copy=False)

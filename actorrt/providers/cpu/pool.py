@@ -6,6 +6,9 @@ operation per kernel tap; float16/bfloat16 sums accumulate in float32. 2-D
 float32/float64 MaxPool (without Indices), AveragePool and GlobalAveragePool
 run compiled and parallel over the planes (:mod:`._pool_numba`) when numba is
 installed and :data:`COMPILED` is set; the numpy paths stay the fallback.
+2-D float32 MaxPool (without Indices) on inputs up to
+:data:`._pool_direct.MAX_ELEMENTS` runs as AVX2 ``maxnum`` tiles
+(:mod:`._pool_direct`), bit-equal to the numpy tap path.
 """
 
 from __future__ import annotations
@@ -167,6 +170,13 @@ class MaxPool(Kernel):
             x, a("kernel_shape"), a("strides"), a("dilations"), a("pads"),
             a("auto_pad", "NOTSET"), a("ceil_mode", 0))
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
+        if COMPILED and x.ndim == 4 and x.dtype == np.float32 and not want_idx:
+            from . import _pool_direct
+            if _pool_direct.applies(x, want_idx):
+                plan = self._plan(x.shape, lambda: _pool_direct.make_plan(
+                    x.shape, kernel, strides, dil, pb, out))
+                tracing.kernel_variant("pool", "direct", "kernel=%s", kernel)
+                return (_pool_direct.maxpool2d(plan, x),)
         pn = _compiled(x) if x.ndim == 4 and not want_idx else None
         if pn is not None:
             if _separable_max_pays(x.shape[:2], kernel, out):
@@ -200,6 +210,16 @@ class MaxPool(Kernel):
         if not want_idx:
             return (y,)
         return y, self._indices(best, x.shape, kernel, out, strides, pb, dil)
+
+    def _plan(self, key, make):
+        """A per-input-shape plan, made once (bounded cache)."""
+        cache = self.__dict__.setdefault("_plans", {})
+        plan = cache.get(key)
+        if plan is None:
+            if len(cache) >= 64:
+                cache.clear()
+            plan = cache[key] = make()
+        return plan
 
     @staticmethod
     def _valid(kk, out, strides, pb, dil, sp):

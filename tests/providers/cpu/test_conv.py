@@ -262,12 +262,16 @@ async def test_constant_conv_weight_is_prepacked_once_for_three_input_shapes():
     assert calls == [1]
 
 
-async def test_im2col_scratch_is_handed_over_by_the_executor_exactly():
+async def test_im2col_scratch_is_handed_over_by_the_executor_exactly(monkeypatch):
     """Conv asks for exact workspace (padded input + patch matrix); the executor
-    hands it over from the provider's arena, accounted as ``workspace``."""
+    hands it over from the provider's arena, accounted as ``workspace``. (The
+    direct kernel, which asks for none, is off here; on, the request is empty.)"""
     from onnx import TensorProto as TP, helper, numpy_helper
 
     import actorrt
+    from actorrt.providers.cpu import _conv_direct
+
+    monkeypatch.setattr(_conv_direct, "ENABLED", False)
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
@@ -291,3 +295,11 @@ async def test_im2col_scratch_is_handed_over_by_the_executor_exactly():
         assert s._providers[0].statistics().memory.live_by_role["workspace"] == \
             mem.live_by_role["workspace"]
     assert s._providers[0].statistics().memory.live_by_role["workspace"] == 0
+    if _conv_direct.HAVE_KERNEL:
+        monkeypatch.setattr(_conv_direct, "ENABLED", True)
+        monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
+        async with actorrt.open_session(m, options=actorrt.SessionOptions(workers=1)) as s:
+            (step,) = s.plan.steps
+            assert step.kernel.workspace([(2, 3, 10, 12), w.shape]) == []
+            (y,) = await s.run(None, {"x": x})
+            np.testing.assert_allclose(y, run_onnxruntime(m, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -1,5 +1,6 @@
 """The compiled (numba) 2-D Conv paths (im2col patch building, direct
-depthwise) and the numpy paths they replace, both against onnxruntime, over
+depthwise, the direct register-blocked kernel of ``_conv_direct``) and the
+numpy / BLAS paths they replace, both against onnxruntime, over
 odd sizes, strides, pads (incl. asymmetric and SAME), dilations, groups and
 depthwise channel multipliers; and intra_op_num_threads."""
 
@@ -11,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_numba, _conv_util
+from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_util
 
 RNG = np.random.default_rng(99)
 
@@ -59,6 +60,7 @@ def test_conv_paths_match_onnxruntime(case, compiled, drivers, monkeypatch):
         pytest.skip("the numpy path has no numba drivers")
     parallel = drivers != "serial"
     monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", drivers == "numba-pool")
+    monkeypatch.setattr(_conv_direct, "ENABLED", False)  # the im2col / BLAS paths (direct: below)
     monkeypatch.setattr(_conv_util, "COMPILED", compiled)
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 1)  # the compiled im2col at any count
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_WORK", 0)  # ... and any size
@@ -76,11 +78,45 @@ def test_conv_paths_match_onnxruntime(case, compiled, drivers, monkeypatch):
     assert spans and all(("kernel_variant.conv_impl" in a) == compiled for a in spans), spans
 
 
+DIRECT_CASES = [c for c in CASES if not (c[9] > 1 and c[1] == c[9])] + [  # not depthwise
+    (2, 5, 19, 21, 6, (3, 3), (1, 1), None, (1, 1), 1, "SAME_LOWER"),     # 2 column tiles, M % 4
+    (1, 4, 23, 18, 9, (3, 3), (2, 2), (1, 0, 2, 1), (2, 1), 1, None),     # stride x dilation
+    (2, 6, 12, 40, 10, (2, 5), (1, 3), (0, 2, 1, 1), (1, 1), 2, None),    # stride 3, groups
+]
+
+
+@pytest.mark.parametrize("drivers", ["chunks", "serial"])
+@pytest.mark.parametrize("case", DIRECT_CASES)
+def test_direct_conv_matches_onnxruntime(case, drivers, monkeypatch):
+    """The direct kernel (phase-split input, register-blocked tiles, masked
+    stores) on every non-depthwise case, its rows split across two threads
+    with the reduction in blocks of 7, or run serially in one block."""
+    if not _conv_direct.HAVE_KERNEL:
+        pytest.skip("no numba / AVX2+FMA: the direct kernel is not built")
+    monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)  # these small cases on the kernel too
+    if drivers == "chunks":  # several reduction blocks (sums stored, added to, epilogue last)
+        monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
+        monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
+    with actorrt.InferenceSession(model, opts) as s:
+        got = s.run(None, {"x": x})
+        got2 = s.run(None, {"x": x})  # cached geometry / packed weights
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got2[0], got[0])
+    direct = [a for a in spans if a.get("kernel_variant.conv", {}).get("variant") == "direct"]
+    assert len(direct) == len(spans) == 2, spans
+
+
 def test_im2col_numpy_below_min_threads(monkeypatch):
     """One numba thread: patch building stays numpy (depthwise stays compiled)."""
     if not _conv_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 10 ** 6)
+    monkeypatch.setattr(_conv_direct, "ENABLED", False)
     model, x = _model(CASES[0])
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
@@ -150,16 +186,19 @@ def test_serial_blas_nests_and_restores_the_pool():
                 _threads.apply(info["num_threads"])
 
 
-@pytest.mark.parametrize("epilogue", ["compiled", "numpy"])
+@pytest.mark.parametrize("epilogue", ["compiled", "numpy", "direct"])
 @pytest.mark.parametrize("act,params", [("", []), ("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
                                         ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4])])
 @pytest.mark.parametrize("with_z", [False, True])
 @pytest.mark.parametrize("with_b", [False, True])
 def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, monkeypatch):
     """com.microsoft FusedConv: bias, residual Z and the activation in one
-    compiled pass (Relu / LeakyRelu / Clip / none) or the numpy epilogue."""
+    compiled pass (Relu / LeakyRelu / Clip / none), in the direct kernel's
+    store (the same four) or the numpy epilogue."""
     from actorrt.providers.cpu import conv as conv_mod
     monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
+    monkeypatch.setattr(_conv_direct, "ENABLED", epilogue == "direct")
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
     n, c, h, w, m = 2, 3, 9, 11, 5
     ins = ["x", "W", "B" if with_b else ""]
@@ -188,7 +227,10 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
         got = s.run(None, feeds)[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    compiled = epilogue == "compiled" and act in ("", "Relu", "LeakyRelu", "Clip") and (with_b or with_z or act)
+    fusable = act in ("", "Relu", "LeakyRelu", "Clip")
+    direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL
+    assert any(a.get("kernel_variant.conv", {}).get("variant") == "direct" for a in spans) == direct
+    compiled = epilogue != "numpy" and not direct and fusable and (with_b or with_z or act)
     assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)
 
 

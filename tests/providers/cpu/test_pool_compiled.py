@@ -1,5 +1,5 @@
-"""The compiled (numba) 2-D MaxPool / AveragePool / GlobalAveragePool and the
-numpy paths they replace, both against onnxruntime: odd sizes, strides, pads
+"""The compiled (numba) 2-D MaxPool / AveragePool / GlobalAveragePool, the
+vectorized direct MaxPool (``_pool_direct``) and the numpy paths they replace, both against onnxruntime: odd sizes, strides, pads
 (asymmetric, SAME_UPPER / SAME_LOWER, VALID), dilations, ceil mode,
 count_include_pad, float32 / float64."""
 
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as TP, helper
 
 import actorrt
-from actorrt.providers.cpu import _pool_numba, pool
+from actorrt.providers.cpu import _pool_direct, _pool_numba, pool
 
 RNG = np.random.default_rng(5)
 
@@ -29,8 +29,10 @@ CASES = [  # (shape, attrs)
 ]
 
 
-def _run(op, x, attrs, compiled, monkeypatch, opset=19, **extra):
+def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, **extra):
     monkeypatch.setattr(pool, "COMPILED", compiled)
+    monkeypatch.setattr(_pool_direct, "ENABLED", direct)
+    monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     node = helper.make_node(op, ["x"], ["y"], **attrs, **extra)
     dt = TP.FLOAT if x.dtype == np.float32 else TP.DOUBLE
     g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", dt, x.shape)],
@@ -40,7 +42,8 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, **extra):
     with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
         got = s.run(None, {"x": x})[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
-    used = any((a.get("kernel_variant.pool") or {}).get("variant") == "compiled" for a in spans)
+    used = any((a.get("kernel_variant.pool") or {}).get("variant") == ("direct" if direct else "compiled")
+               for a in spans)
     return got, want, used
 
 
@@ -79,10 +82,41 @@ def test_maxpool_separable(shape, attrs, monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("shape,attrs", CASES)
+def test_maxpool_direct(shape, attrs, monkeypatch):
+    """The vectorized MaxPool (phase-split -inf-padded input, maxnum tiles),
+    exactly onnxruntime's values."""
+    if not _pool_direct.HAVE_KERNEL:
+        pytest.skip("no numba / AVX2: the direct MaxPool is not built")
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, direct=True)
+    assert got.shape == want.shape and used
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", [0, 1, 4, 8])
+def test_maxpool_direct_nan_equals_the_numpy_taps(case, monkeypatch):
+    """NaN inputs (some windows all NaN, some NaN next to pads): the direct
+    MaxPool gives the numpy tap path's np.fmax values, bit for bit."""
+    if not _pool_direct.HAVE_KERNEL:
+        pytest.skip("no numba / AVX2: the direct MaxPool is not built")
+    shape, attrs = CASES[case]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::3] = np.nan
+    x[..., :3, :3] = np.nan
+    got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, direct=True)
+    want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
+    assert used
+    if "pads" not in attrs:  # a 3x3 all-NaN corner: NaN there (padded: -inf from the pad)
+        assert np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_maxpool_separable_skips_nan(monkeypatch):
     """NaN is skipped where the window has a number; an all-NaN window gives
     NaN (np.nanmax over 2x2 blocks as the oracle)."""
     monkeypatch.setattr(pool, "SEPARABLE_MAX_MIN_WORK", 0)
+    monkeypatch.setattr(_pool_direct, "ENABLED", False)
     x = RNG.standard_normal((2, 3, 6, 8)).astype(np.float32)
     x.reshape(-1)[::3] = np.nan
     x[0, 0, :2, :2] = np.nan

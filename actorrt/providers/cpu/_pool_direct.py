@@ -1,0 +1,140 @@
+"""Vectorized float32 2-D MaxPool (no Indices output) on the direct
+convolution's phase-split input (:mod:`._conv_direct`).
+
+The input is copied once into the phase-split buffer padded with ``-inf``
+(:func:`._conv_direct.make_plan` with one channel per group); an AVX2 tile
+(an LLVM intrinsic) then takes ``8 * NV`` consecutive outputs of one output
+row as ``llvm.maxnum`` (IEEE ``maxNum``: a NaN operand loses to a number, as
+``np.fmax``) over the window's taps, starting from the first tap, and stores
+the valid lanes (``llvm.masked.store``). So the result equals the numpy tap
+path of :mod:`.pool` (``np.fmax`` in tap order over a ``-inf``-padded input)
+bit for bit: NaN skipped where the window has a number or a pad, NaN where it
+has only NaN, ``-inf`` for a window wholly in the padding.
+
+Shapes: ``x (N, C, H, W)`` float32 -> ``(N, C, OH, OW)`` float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _conv_direct as _cd
+
+__all__ = ["HAVE_KERNEL", "ENABLED", "maxpool2d"]
+
+#: use the vectorized MaxPool where it applies (float32, 2-D, no Indices)
+ENABLED = True
+#: ... on inputs of at most this many elements: the phase-split copy (numpy
+#: strided copies) dominates larger ones, where the separable numpy max was
+#: as fast or faster in the A/B (direct / current: 0.51-0.55 on 64-75K-element
+#: inputs, 0.85-1.53 on 186K-1.4M)
+MAX_ELEMENTS = 1 << 17
+HAVE_KERNEL = _cd.HAVE_KERNEL
+
+if HAVE_KERNEL:
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+    _V = ir.VectorType
+
+    def _max_codegen(nv):
+        def codegen(context, builder, sig, args):
+            xa, oa, ya = [context.make_array(sig.args[i])(context, builder, args[i]).data
+                          for i in (0, 2, 4)]
+            x_off, ntaps, y_off, ncols = [_cd.as_i64(builder, args[i]) for i in (1, 3, 5, 6)]
+            v8f = _V(_f32, 8)
+            vmax = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v8f, [v8f, v8f]), "llvm.maxnum.v8f32")
+            first = builder.add(x_off, builder.load(oa))
+            init = [builder.load(_cd.vec_ptr(builder, xa, builder.add(first, _i64(8 * v))), align=4)
+                    for v in range(nv)]
+            entry = builder.block
+            loop = builder.append_basic_block("maxpool.loop")
+            done = builder.append_basic_block("maxpool.done")
+            builder.cbranch(builder.icmp_signed(">", ntaps, _i64(1)), loop, done)
+            builder.position_at_end(loop)
+            t = builder.phi(_i64)
+            t.add_incoming(_i64(1), entry)
+            accs = [builder.phi(v8f) for _ in range(nv)]
+            for phi, val in zip(accs, init):
+                phi.add_incoming(val, entry)
+            xb = builder.add(x_off, builder.load(builder.gep(oa, [t])))
+            new = [builder.call(vmax, [accs[v], builder.load(
+                _cd.vec_ptr(builder, xa, builder.add(xb, _i64(8 * v))), align=4)])
+                for v in range(nv)]
+            t1 = builder.add(t, _i64(1))
+            t.add_incoming(t1, loop)
+            for phi, val in zip(accs, new):
+                phi.add_incoming(val, loop)
+            builder.cbranch(builder.icmp_signed("<", t1, ntaps), loop, done)
+            builder.position_at_end(done)
+            mstore = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
+                                                                _V(_i1, 8)]),
+                "llvm.masked.store.v8f32.p0v8f32")
+            finals = []
+            for v in range(nv):  # every phi first, then the stores
+                phi = builder.phi(v8f)
+                phi.add_incoming(init[v], entry)
+                phi.add_incoming(new[v], loop)
+                finals.append(phi)
+            for v, phi in enumerate(finals):
+                mask = builder.icmp_signed(
+                    "<", ir.Constant(_V(_i64, 8), list(range(8 * v, 8 * v + 8))),
+                    _cd.splat(builder, ncols))
+                builder.call(mstore, [phi, _cd.vec_ptr(builder, ya, builder.add(y_off, _i64(8 * v))),
+                                      _i32(4), mask])
+            return context.get_dummy_value()
+        return codegen
+
+    def _max_intrinsic(nv):
+        def typer(typingctx, xs, x_off, offs, ntaps, y, y_off, ncols):
+            return types.void(xs, x_off, offs, ntaps, y, y_off, ncols), _max_codegen(nv)
+        typer.__name__ = f"_maxpool_tile_x{nv}"
+        return intrinsic(typer)
+
+    _tile2 = _max_intrinsic(2)
+
+    @njit(nogil=True, cache=True)
+    def _rows(xs, offs, y, ntaps, x_plane, oh, ow, wj, start, stop):  # pragma: no cover
+        for t in range(start, stop):
+            oy = t % oh
+            p = t // oh
+            x_row = p * x_plane + oy * wj
+            y_row = t * ow
+            for ox0 in range(0, ow, 16):
+                _tile2(xs, x_row + ox0, offs, ntaps, y, y_row + ox0, ow - ox0)
+
+
+def applies(x: np.ndarray, want_indices: bool) -> bool:
+    """Whether :func:`maxpool2d` takes this MaxPool."""
+    return ENABLED and HAVE_KERNEL and not want_indices and x.dtype == np.float32 \
+        and x.ndim == 4 and x.size <= MAX_ELEMENTS
+
+
+def make_plan(x_shape, kernel, strides, dilations, pb, out_shape) -> "_cd.Plan":
+    """The phase-split geometry of a MaxPool over ``x (N, C, H, W)`` (one
+    channel per group of :func:`._conv_direct.make_plan`; 16-column tiles)."""
+    n, c = x_shape[:2]
+    return _cd.make_plan(x_shape, (c, 1, math.prod(kernel)), c, kernel, strides, dilations,
+                         pb, out_shape)
+
+
+def maxpool2d(plan: "_cd.Plan", x: np.ndarray) -> np.ndarray:
+    """``y (N, C, OH, OW)``: the max over each window (see the module doc) of
+    ``x`` of the plan's input shape, float32."""
+    buf = np.full(plan.total + 16, -np.inf, np.float32)  # 16: the tiles' over-read
+    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
+    for dst, src in plan.copies:
+        xs[dst] = x[src]
+    n, c, oh, ow = plan.y_shape
+    y = np.empty(plan.y_shape, np.float32)
+    x_plane = math.prod(plan.xs_shape[2:])
+    _rows(buf, plan.offs, y.reshape(-1), len(plan.offs), x_plane, oh, ow,
+          plan.xs_shape[4], 0, n * c * oh)
+    return y

@@ -81,7 +81,10 @@ try:
     from numba.core import cgutils
     import llvmlite.binding as _llvm
     _features = _llvm.get_host_cpu_features()
-    HAVE_KERNEL = bool(_features.get("avx2") and _features.get("fma"))
+    # compiling for another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES): the AVX2
+    # intrinsics may not exist there, so the BLAS path runs
+    HAVE_KERNEL = bool(_features.get("avx2") and _features.get("fma")) and not (
+        numba.config.CPU_NAME or numba.config.CPU_FEATURES)
 except Exception:  # pragma: no cover - exercised only without numba / AVX2
     HAVE_KERNEL = False
 

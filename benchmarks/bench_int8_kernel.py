@@ -72,7 +72,8 @@ def _run(tree: str, args) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), NUMBA_NUM_THREADS="2")
     out = subprocess.run([sys.executable, "-c", _WORKER, str(args.bits), json.dumps(args.rows),
                           json.dumps(args.shapes), str(args.budget)],
-                         env=env, capture_output=True, text=True, check=False)
+                         env=env, cwd=os.path.abspath(tree), capture_output=True, text=True,
+                         check=False)  # cwd: ``python -c`` puts it first on sys.path
     if out.returncode:
         raise SystemExit(f"worker in {tree} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -5,7 +5,9 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
 * ``_tile_codegen`` / ``_tile1.._tile4`` (and the prefetching ``_pf``
   ones): up to four rows of the quantized activations times one interleaved
   group of four output columns, each weight block loaded and unpacked once
-  for every row of the tile;
+  for every row of the tile (4-bit: two columns a 32-byte load against the
+  activations' halves broadcast to both 128-bit lanes, the zero-point terms
+  in a loop of their own: ``TILE_PAIRED``, ``TILE_Z_APART``);
 * ``_dot1``: one row times one column (the last N % 4 columns);
 * ``_group`` / ``_group_pf``: one row times a column group (the older
   one-row path, kept for comparisons: ``TILE_MIN_ROWS``);
@@ -61,6 +63,14 @@ ROW_BLOCK = 64
 #: 4-bit tiles sum each row's four column products in int16 before widening
 #: (``narrow`` in :func:`_tile_codegen`); False: widen each (for comparisons)
 TILE_I16_SUMS = True
+#: 4-bit tiles load two columns' weight blocks as one 32-byte vector and
+#: multiply them by the row's even / odd activations broadcast to both
+#: 128-bit lanes (``paired`` in :func:`_tile_codegen`); False: ``narrow``
+TILE_PAIRED = True
+#: 4-bit tiles sum the zero-point terms in a loop of their own after the
+#: block loop (False: in the block loop's accumulators, lanes 0-3, as the
+#: 8-bit tiles do: apart, their one-row tile measured 12 % slower)
+TILE_Z_APART = True
 
 if HAVE_INT8_DOT:
     from llvmlite import ir
@@ -352,23 +362,35 @@ if HAVE_INT8_DOT:
 
     _dot1 = _dot_rows_intrinsic(1)
 
-    def _tile_codegen(bits, rows, locality=None):  # locality: prefetch ahead
+    def _tile_codegen(bits, rows, locality=None, paired=None, z_apart=None):
+        # locality: prefetch ahead; paired / z_apart: TILE_PAIRED /
+        # TILE_Z_APART when None (the others for comparisons)
         """IR of ``rows`` rows of A times the four output columns of one
         interleaved group (see :func:`pack_i8`), rows ``row_x`` int8 values
         apart in ``xq`` and ``nb`` scales apart in ``sx`` / ``xsum``. Per
         block the four columns' weights are loaded and unpacked once for all
-        rows; per row the four <8 x i32> block sums are reduced pairwise
-        into one vector (lanes c and c + 4: column c's two halves), converted
-        once and scaled by the four columns' scales times the row's scale
-        (one FMA), the zero-point term subtracted in the same accumulator
-        (lanes 0-3). One <8 x float> accumulator per row, so a tile of up to
-        four rows stays in registers.
+        rows; per row the four columns' block sums are reduced into one
+        <8 x i32> vector, converted once and scaled by the four columns'
+        scales times the row's scale (one FMA). 8-bit (and 4-bit without
+        ``paired``): lanes c and c + 4 hold column c's two halves, the
+        zero-point term is subtracted in the same accumulator (lanes 0-3).
+        4-bit ``paired`` (the default, :data:`TILE_PAIRED`): two columns'
+        nibbles are one 32-byte load (column 2p in the low 128-bit lane,
+        2p + 1 in the high one) against the row's even / odd activations
+        broadcast to both lanes, the lanes [c0, c2, c0, c2 | c1, c3, c1, c3];
+        with ``z_apart`` (:data:`TILE_Z_APART`) the zero-point terms
+        sum_b dz[c, b] * xsum[r, b] run in a second, short loop and are
+        subtracted from each column's total at the end. One <8 x float>
+        accumulator per row, so a tile of up to four rows stays in registers.
 
         Every row runs the same float operations in the same order whatever
         the tile's size (only FMA contraction allowed, no reassociation), so
         a row's outputs are bit for bit the same alone (decode at batch 1),
         in a batch or in a prompt."""
         per = 16 if bits == 4 else BLOCK
+
+        z_apart = bits == 4 and (TILE_Z_APART if z_apart is None else z_apart)
+        pair = bits == 4 and (TILE_PAIRED if paired is None else paired)
 
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
@@ -396,8 +418,8 @@ if HAVE_INT8_DOT:
             low = ir.Constant(_V(_i32, 8), [0, 1, 2, 3, 4, 5, 6, 7])
             d8 = builder.shuffle_vector(d4, d4, both)
             z8 = builder.shuffle_vector(z4, zero4, low)  # the zero-point term in lanes 0-3
-            wts = [_weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
-                                 ops[2], wstride) for c in range(4)]
+            wts = [] if pair else [_weight_block(builder, bits, wa, builder.add(
+                w_off, _i64(c * per)), b, ops[2], wstride) for c in range(4)]
             x_at = builder.add(x_off, builder.mul(b, _i64(BLOCK)))
             s_at = builder.add(s_off, b)
 
@@ -436,20 +458,65 @@ if HAVE_INT8_DOT:
                 abcd = builder.add(shuf(ab, cd, lo64), shuf(ab, cd, hi64))
                 return builder.call(ops[1], [abcd, _splat(_i16, 1, 16)])
 
+            if pair:
+                # the lanes of ``paired``: low half [c0, c2, c0, c2], high half
+                # [c1, c3, c1, c3]; the zero-point terms in lanes 0, 1, 4, 5
+                d8 = builder.shuffle_vector(d4, d4, ir.Constant(_V(_i32, 8),
+                                                                [0, 2, 0, 2, 1, 3, 1, 3]))
+                z8 = builder.shuffle_vector(z4, zero4, ir.Constant(_V(_i32, 8),
+                                                                   [0, 2, 4, 4, 1, 3, 4, 4]))
+                pairs = []
+                for p in range(2):  # columns 2p, 2p + 1: 32 adjacent bytes
+                    raw = _load_vec(builder, wa, builder.add(builder.add(
+                        w_off, _i64(2 * p * per)), builder.mul(b, wstride)), v32)
+                    pairs.append((builder.and_(raw, _splat(_i8, 15, 32)),
+                                  builder.lshr(raw, _splat(_i8, 4, 32))))
+
+            def paired(x_row):
+                # 4-bit, the activations' halves (even values, odd values)
+                # each broadcast to both 128-bit lanes (vbroadcasti128: load
+                # ports only) against two columns' nibbles at once (low
+                # 128-bit lane column 2p, high 2p + 1): 4 vpmaddubsw, one add
+                # a pair (|lane| <= 2 * 2 * 15 * 127), one 32-bit unpack pair
+                # and add across the pairs (<= 15,240: no int16 overflow), one
+                # vpmaddwd. No per-column unpacking of the weights and two
+                # shuffles a row instead of six
+                bcast = ir.Constant(_V(_i32, 32), list(range(16)) * 2)
+                half = _V(_i8, 16)
+                xe = _load_vec(builder, xa, x_row, half)
+                xo = _load_vec(builder, xa, builder.add(x_row, _i64(16)), half)
+                xe = builder.shuffle_vector(xe, xe, bcast)
+                xo = builder.shuffle_vector(xo, xo, bcast)
+                ps = [builder.bitcast(builder.add(builder.call(ops[0], [lo_, xe]),
+                                                  builder.call(ops[0], [hi_, xo])), v8i)
+                      for lo_, hi_ in pairs]
+                lo32 = builder.shuffle_vector(ps[0], ps[1], ir.Constant(
+                    _V(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13]))
+                hi32 = builder.shuffle_vector(ps[0], ps[1], ir.Constant(
+                    _V(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15]))
+                both16 = builder.add(builder.bitcast(lo32, v16i), builder.bitcast(hi32, v16i))
+                return builder.call(ops[1], [both16, _splat(_i16, 1, 16)])
+
             new = []
             for r in range(rows):
-                xv = _load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
-                if bits == 4 and TILE_I16_SUMS:
+                x_row = builder.add(x_at, builder.mul(row_x, _i64(r)))
+                xv = None if pair else _load_vec(builder, xa, x_row, v32)
+                if pair:
+                    isum = paired(x_row)
+                elif bits == 4 and TILE_I16_SUMS:
                     isum = narrow(*(builder.call(ops[0], [wv, xv]) for wv, _ in wts))
                 else:
                     isum = unpacked(*(_block_isum(builder, ops, wv, ws, xv) for wv, ws in wts))
                 s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
                 sxv = _broadcast(builder, builder.load(builder.gep(sa, [s_r])))
-                xsv = _broadcast(builder, builder.load(builder.gep(ua, [s_r])))
                 acc = builder.fadd(accs[r], builder.fmul(builder.sitofp(isum, v8f),
                                                          builder.fmul(d8, sxv, flags=fast),
                                                          flags=fast), flags=fast)
-                new.append(builder.fsub(acc, builder.fmul(z8, xsv, flags=fast), flags=fast))
+                if z_apart:
+                    new.append(acc)
+                else:
+                    xsv = _broadcast(builder, builder.load(builder.gep(ua, [s_r])))
+                    new.append(builder.fsub(acc, builder.fmul(z8, xsv, flags=fast), flags=fast))
             b1 = builder.add(b, _i64(1))
             b.add_incoming(b1, loop)
             for phi, val in zip(accs, new):
@@ -463,24 +530,67 @@ if HAVE_INT8_DOT:
                 phi.add_incoming(zero, entry)
                 phi.add_incoming(val, loop)
                 finals.append(phi)
+            zs = None
+            if z_apart and sig.args[9].dtype != types.float64:
+                # the zero-point terms sum_b dz[c, b] * xsum[r, b] in a loop of
+                # their own (<4 x float> a row, columns in order): off the
+                # main loop's accumulator chains, which are then one FMA a
+                # block (4 cycles, not 8: the one-row tile was bound by it)
+                zentry, zloop, zdone, b2 = _block_loop(builder, nb, "i8tilez")
+                zaccs = [builder.phi(v4f) for _ in range(rows)]
+                for phi in zaccs:
+                    phi.add_incoming(zero4, zentry)
+                zb4 = _load_zero_points(builder, sig, 9, dty, za,
+                                        builder.add(z_off, builder.mul(b2, dstride)), 4)
+                znew = []
+                for r in range(rows):
+                    s_r = builder.add(builder.add(s_off, b2), builder.mul(nb, _i64(r)))
+                    xs4 = _lane(builder, builder.insert_element(
+                        ir.Constant(v4f, None), builder.load(builder.gep(ua, [s_r])), _i32(0)),
+                        0, 4)
+                    znew.append(builder.fadd(zaccs[r], builder.fmul(zb4, xs4, flags=fast),
+                                             flags=fast))
+                zb1 = builder.add(b2, _i64(1))
+                b2.add_incoming(zb1, zloop)
+                for phi, val in zip(zaccs, znew):
+                    phi.add_incoming(val, zloop)
+                builder.cbranch(builder.icmp_signed("<", zb1, nb), zloop, zdone)
+                builder.position_at_end(zdone)
+                zs = []
+                for val in znew:
+                    phi = builder.phi(v4f)
+                    phi.add_incoming(zero4, zentry)
+                    phi.add_incoming(val, zloop)
+                    zs.append(phi)
             outs = []
+            # (paired: lanes 0 + 2, 4 + 6, 1 + 3, 5 + 7; else c + (c + 4))
+            first, second, order = (([0, 1, 4, 5], [2, 3, 6, 7], (0, 2, 1, 3))
+                                    if pair else
+                                    ([0, 1, 2, 3], [4, 5, 6, 7], (0, 1, 2, 3)))
             for r in range(rows):
                 lo4 = builder.shuffle_vector(finals[r], finals[r],
-                                             ir.Constant(_V(_i32, 4), [0, 1, 2, 3]))
+                                             ir.Constant(_V(_i32, 4), first))
                 hi4 = builder.shuffle_vector(finals[r], finals[r],
-                                             ir.Constant(_V(_i32, 4), [4, 5, 6, 7]))
+                                             ir.Constant(_V(_i32, 4), second))
                 tot = builder.fadd(lo4, hi4)
-                outs.extend(builder.extract_element(tot, _i32(c)) for c in range(4))
+                if zs is not None:
+                    outs.extend(builder.fsub(builder.extract_element(tot, _i32(c)),
+                                             builder.extract_element(zs[r], _i32(j)))
+                                for j, c in enumerate(order))
+                else:
+                    outs.extend(builder.extract_element(tot, _i32(c)) for c in order)
             return context.make_tuple(builder, sig.return_type, outs)
 
         return codegen
 
-    def _tile_intrinsic(rows, locality=None):
+    def _tile_intrinsic(rows, locality=None, **variant):
+        """The tile of ``rows`` rows as a numba intrinsic; ``variant``:
+        :func:`_tile_codegen`'s ``paired`` / ``z_apart`` (for comparisons)."""
         def typer(typingctx, w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off,
                   z_off, dstride, nb):
             return (types.UniTuple(types.float32, 4 * rows)(
                 w, w_off, wstride, xq, x_off, sx, xsum, s_off, d, dz, d_off, z_off, dstride, nb),
-                _tile_codegen(_bits_of(w), rows, locality))
+                _tile_codegen(_bits_of(w), rows, locality, **variant))
         typer.__name__ = f"_tile_i8_x{rows}" + ("_pf" if locality is not None else "")
         return intrinsic(typer)
 

@@ -119,6 +119,11 @@ async def test_float16_pools_stack_equals_the_nodes(tiny, level, prompts, steps)
     got, paged = await _run(path, cfg, prompts, steps, block_size=16, dtype=np.float16)
     if level == 4:
         assert paged and all(paged)
+    # (level 0: the float32 blocks' projections round apart from the nodes'
+    # by ~1e-7, which can move a key's float16 rounding by one half ulp
+    # (~1e-3 relative) in a later layer: measured up to 3.7e-4 on the
+    # logits since the tiled prompt attention; level 4 stays within 1e-4)
+    tol = 1e-4 if level == 4 else 1e-3
     for a, b in zip(got, want):
         for x, y in zip(a, b):
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(x, y, rtol=tol, atol=tol)

@@ -3,26 +3,31 @@ of a prefill or a prefill chunk: the fused decoder stack's attention stage
 (:mod:`._block_kernels`), GroupQueryAttention's numba paths on a contiguous
 cache (:mod:`._contrib_numba`) and on a paged one (:mod:`._paged_kernels`).
 
-A work item is one (batch row b, KV head kh, query tile): the ``TQ`` query
-positions ``[q0, q1)`` of batch row b and the g query heads that share KV
-head kh, ``TQ * g`` query rows in all. The item walks the key positions in
-tiles of ``TK`` (absolute: a tile starts at a multiple of TK), loads each K
-and V tile once for all its query rows (K transposed, ``(D, TK)``; converted
-to float32 once, from a float16 pool too), computes the ``(TQ * g, TK)``
-scores, and folds them into a running max / running sum / unnormalised
-output per query row (online softmax, float32). Tiles wholly above the
-causal diagonal (or below a sliding window) are skipped; in the diagonal
-tile each row masks the keys it may not see. Nothing is ever
-sequence x sequence: the scratch is a few tiles per thread
-(:func:`scratch`: 3 x 16 query rows and 64 keys of 64 values = ~60 KiB for
-SmolLM2), whatever the prompt length.
+A work item is one (batch row b, KV head kh, query tile): the query
+positions of batch row b in one tile of TQ absolute positions (tiles start
+at multiples of TQ, so a chunk after cached positions may straddle one more
+tile: :func:`n_tiles`) and the g query heads that share KV head kh, TQ * g
+query rows. The item walks the key positions in tiles of ``TK`` (absolute
+too), loads each K and V tile once for all its query rows (V transposed,
+``(D, TK)``; converted to float32 once, from a float16 pool too), computes
+the ``(TQ * g, TK)`` scores and the tile's P.V with a 4-row x 2-column
+register-blocked product (``_abt``), and folds them into a running max /
+running sum / rescaled output per query row (online softmax, float32).
+Tiles wholly above the causal diagonal (or below a sliding window) are
+skipped; in the diagonal tile each row masks the keys it may not see.
+Nothing is ever sequence x sequence: the scratch is a few tiles per thread
+(:func:`scratch`: ~80 KiB for SmolLM2's 3 x 16 query rows, 64 keys, 64
+values), whatever the prompt length.
 
-Each query row's result depends on that row only (its key range and the
-absolute key tiles), not on which tile or item it was computed in: a prompt
-computed whole, in chunks after cached positions, or on a paged cache gives
-the same bits, and so does any thread count. It differs from the two-pass
-kernel (``_contrib_numba._attend_rows``) in the last bits only (the order of
-the sums); decode steps (one query row per batch row) keep that kernel.
+A row is computed by the same code at the same place of its tile whatever
+the chunk, the item and the thread (the products always run over the whole
+tile's rows): within one compiled caller a prompt computed whole or in
+chunks after cached positions, on a contiguous or a paged cache, gives the
+same bits. Two callers compiled apart (the level-0 float32 blocks'
+contiguous and paged functions) may order the vectorized sums differently
+(last bits). Results differ from the two-pass kernel
+(``_contrib_numba._attend_rows``) in the last bits; decode steps (one query
+row per batch row) keep that kernel.
 
 Pools: ``(B, KVH, L, D)`` contiguous (``bt`` empty, block = batch row) or
 ``(NB, KVH, BS, D)`` read through the int32 block table ``bt`` (B, W)

@@ -21,8 +21,9 @@ and llama.cpp (one ``llama_batch`` over n sequences, ``n_seq_max = n``),
 each in a subprocess of its own (2 threads; its peak RSS its own), in
 interleaved rounds: aggregate decode tok/s of n greedy streams of the same
 57-token prompt (1/2/4/8/16, 64 new tokens, prefill excluded) and prefill
-tok/s of one prompt of 57, 512 and 2,048 tokens (``PROMPT``, then the
-start of ``data/python_license.txt``), with the same-round ratios:
+tok/s of one prompt of 57, 512 and 2,048 tokens (``--prefill``; ``PROMPT``,
+then ``data/python_license.txt``, repeated past its ~3,770 tokens for
+longer prompts), with the same-round ratios:
 
     python benchmarks/bench_genai.py --batched [--rounds 2]
         [--llama-python /work/peers/.venv/bin/python]
@@ -211,6 +212,8 @@ def batched(args) -> None:
     text = (Path(__file__).parent / "data" / "python_license.txt").read_text()
     long_ids = tok.encode(text)
     lengths = [int(x) for x in args.prefill.split(",")]
+    while len(ids) + len(long_ids) < max(lengths):  # ~3,770 tokens a copy: repeat it
+        long_ids = long_ids + tok.encode("\n\n" + text)
     prefill = {n: (ids if n == len(ids) else (ids + long_ids)[:n]) for n in lengths}
     levels = [int(x) for x in args.concurrency.split(",")]
     job = genai_peers.batch_job(ids, prefill, levels, 64, 2, rounds=args.worker_rounds)

@@ -28,6 +28,10 @@ Map (every module is private to this package and the CPU provider):
 * :mod:`._paged_kernels` -- attention through a block table (the stack's
   attention stage, GroupQueryAttention's paged path); :mod:`._paged_block`
   -- the float32 decoder block on a paged cache.
+* :mod:`._flash` -- the tiled causal attention of prompt rows (a prefill or a
+  chunk; online softmax per query tile x key tile), contiguous or paged,
+  float32 or float16 pools: called by the stack's attention stage and both
+  GroupQueryAttention paths.
 
 Nothing is imported here: the kernels register when :mod:`..contrib` imports
 them (the CPU provider's package imports every public op module).

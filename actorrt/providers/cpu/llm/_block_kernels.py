@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
+from . import _flash as _fl
 from . import _paged_kernels as _pk
 from . import _spin
 
@@ -331,7 +332,9 @@ if _i8.HAVE_INT8_DOT:
                     _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past,
                                      b, kh, d, s_len, r2, koff, voff, copy_past, rotary,
                                      interleaved)
-            if spans == 1 and paged:
+            if s_len > 1:  # prompt rows: attended in stage 10, tiled (_flash)
+                pass
+            elif spans == 1 and paged:
                 _pk.attend_group_paged(query, pk, pv, bt, cos, sin, pos, past, tot, b, kh, g, d,
                                        s_len, r2, rotary, interleaved, alpha, window, qg, acc,
                                        sc, mx, den, attn)
@@ -357,6 +360,19 @@ if _i8.HAVE_INT8_DOT:
                     part[:, d] = np.float32(-np.inf)
             _done(ctr, 2)
         _wait_warm(ctr, 2, units, ow, nw, pf)
+        if s_len > 1:  # 2b. per (batch row, KV head, query tile), the new keys appended
+            f_q, f_k, f_v, f_s, f_m, f_d, f_a = _fl.scratch(g, d)
+            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
+            while True:
+                c = _claim(ctr, 10)
+                if c >= items:
+                    break
+                b, kh, q0b, q0, q1 = _fl.item(c, pairs, s_len, kv_heads, past)
+                _fl.attend_tile(query, pk, pv, bt, cos, sin, pos, past, tot, b, kh, g, d, r2,
+                                rotary, interleaved, alpha, window, q0b, q0, q1, f_q, f_k, f_v,
+                                f_s, f_m, f_d, f_a, attn)
+                _done(ctr, 10)
+            _wait_warm(ctr, 10, items, ow, nw, pf)
         # 3. (merge the spans,) quantize the attention output; 4. o projection
         a2 = attn.reshape(m, attn.shape[2])
         while True:
@@ -482,7 +498,7 @@ if _i8.HAVE_INT8_DOT:
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
         y3 = np.empty((m, hidden), np.float32)
         res3 = np.empty((m, hidden), np.float32)
-        ctr = np.zeros(20, np.int64)
+        ctr = np.zeros(22, np.int64)
         spans, pa = _spans(bsz, kv_heads, s_len, t_max, copy_past, heads // kv_heads, d,
                            span_units, span_rows)
         _region(h.reshape(m, hidden), res.reshape(m, hidden), qw, qd, qz, kw, kd, kz, vw, vd,
@@ -598,7 +614,7 @@ if _i8.HAVE_INT8_DOT:
         (oq, ok, ov, attn, o, y2, res2, gate, up, down, inv, hq, hs, hx, ht, hu, aq, as_, ax, at,
          au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
-        ctrs = np.zeros((n_layers + 1, 20), np.int64)
+        ctrs = np.zeros((n_layers + 1, 22), np.int64)
         n_rows = head_rows.shape[0] if head_rows.shape[0] else m
         logits = np.empty((n_rows, hw.shape[0]) if head else (0, 0), np.float32)
         hsrc = np.empty((head_rows.shape[0], hidden), np.float32)

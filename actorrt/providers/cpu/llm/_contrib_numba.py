@@ -413,6 +413,16 @@ if HAVE_NUMBA:
                              s_len, r2, koff, voff, copy_past, rotary, interleaved)
         # 2. causal (windowed) softmax(alpha * q.K^T) V per (batch row, KV head)
         pairs = bsz * kvh
+        if s_len > 1:  # prompt rows: tiled, per (batch row, KV head, query tile)
+            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
+            for c in prange(chunks):
+                qt, kt, vt, st, mt, dt, at = _fl.scratch(g, d)
+                for it in range(c, items, chunks):
+                    b, kh, q0b, q0, q1 = _fl.item(it, pairs, s_len, kvh, past)
+                    _fl.attend_tile(query, pk, pv, _fl.NO_TABLE, cos, sin, pos, past, tot, b,
+                                    kh, g, d, r2, rotary, interleaved, alpha, window, q0b, q0, q1,
+                                    qt, kt, vt, st, mt, dt, at, out)
+            return 0
         per = (pairs + chunks - 1) // chunks
         for c in prange(chunks):
             qg = np.empty((g, d), np.float32)
@@ -522,7 +532,9 @@ def gqa_attention(query, key, value, past_k, past_v, present_k, present_v, seqle
             kv_num_heads, packed, copy_past, rotary, pos_ids is not None, interleaved,
             np.float32(alpha), int(window), out)
     work = bsz * num_heads * s_len * (int(seqlens.max(initial=0)) + 1) * d
-    pairs = bsz * kv_num_heads  # the kernel splits over (batch row, KV head)
+    # the kernel splits over (batch row, KV head) pairs, prompt rows over
+    # their query tiles too
+    pairs = bsz * kv_num_heads * (_fl.n_tiles(s_len) if s_len > 1 else 1)
     if work < GQA_PARALLEL_MIN_WORK or pairs < 2:
         status = _gqa_serial(*args, 1)
     else:
@@ -612,3 +624,5 @@ def warm_up() -> None:
         fn(q, q, q, cache, cache, cache, cache, np.zeros(1, np.int64), 1, cs, cs, _NO_POS, 2, 1,
            True, False, True, False, False, f32(1.0), 0, np.zeros((1, 1, 8), f32), 1)
     _WARM = True
+
+from . import _flash as _fl  # noqa: E402 (it imports this module)

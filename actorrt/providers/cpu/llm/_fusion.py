@@ -58,6 +58,7 @@ from .... import tracing
 from ..._contract import Kernel, NodeSpec
 from . import _contrib_int8 as _i8
 from . import _contrib_numba as _nb
+from . import _flash as _fl
 from . import _block_kernels as _bk
 from ._fused import StepGraph, positions, replace_groups, run_original, slot_names
 from ._paged_block import f32_block_runner
@@ -347,8 +348,9 @@ class DecoderBlock(Kernel):
                         SPAN_ROWS)
             else:
                 work = bsz * heads * s * (int(seqlens.max(initial=0)) + 1) * d
-                gqa_chunks = (min(bsz * kv_heads, 4 * threads)
-                              if work >= _nb.GQA_PARALLEL_MIN_WORK and bsz * kv_heads > 1 else 1)
+                units = bsz * kv_heads * (_fl.n_tiles(s) if s > 1 else 1)  # + query tiles
+                gqa_chunks = (min(units, 4 * threads)
+                              if work >= _nb.GQA_PARALLEL_MIN_WORK and units > 1 else 1)
                 last = (2 * threads,)
             status, y, r, spans = parallel(
                 block, h, residual, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed,

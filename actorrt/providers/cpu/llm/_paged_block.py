@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _contrib_numba as _nb
+from . import _flash as _fl
 from . import _paged_kernels as _pk
 from ._half import kernel_view
 from .paged import paged_lengths, table_of
@@ -100,8 +101,9 @@ def f32_block_runner(st: dict, fallback: Callable) -> Callable | None:
         seqlens, total, alpha = ready[3], ready[4], ready[5]
         threads = _nb.num_threads()
         work = bsz * heads * s * (int(seqlens.max(initial=0)) + 1) * d
-        gqa_chunks = (min(bsz * kv_heads, 4 * threads)
-                      if work >= _nb.GQA_PARALLEL_MIN_WORK and bsz * kv_heads > 1 else 1)
+        units = bsz * kv_heads * (_fl.n_tiles(s) if s > 1 else 1)  # prompt rows: query tiles
+        gqa_chunks = (min(units, 4 * threads)
+                      if work >= _nb.GQA_PARALLEL_MIN_WORK and units > 1 else 1)
         status, y, r = _nb._parallel(
             _block_f32_paged, h, residual, qw, qd, qz, kw, kd, kz, vw, vd, vz, packed,
             kernel_view(past_key), kernel_view(past_value), bt, seqlens, total, cos_cache if rotary else one,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _contrib_numba as _nb
+from . import _flash as _fl
 from . import _half
 
 __all__ = ["HAVE_PAGED", "gqa_paged"]
@@ -196,6 +197,16 @@ if HAVE_PAGED:
                 append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d,
                              s_len, r2, koff, voff, rotary, interleaved)
         pairs = bsz * kvh
+        if s_len > 1:  # prompt rows: tiled, per (batch row, KV head, query tile)
+            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
+            for c in prange(chunks):
+                qt, kt, vt, st, mt, dt, at = _fl.scratch(g, d)
+                for it in range(c, items, chunks):
+                    b, kh, q0b, q0, q1 = _fl.item(it, pairs, s_len, kvh, past)
+                    _fl.attend_tile(query, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh,
+                                    g, d, r2, rotary, interleaved, alpha, window, q0b, q0, q1, qt,
+                                    kt, vt, st, mt, dt, at, out)
+            return 0
         per = (pairs + chunks - 1) // chunks
         for c in prange(chunks):
             qg = np.empty((g, d), np.float32)
@@ -242,7 +253,7 @@ def gqa_paged(query, key, value, kpool, vpool, table, seqlens, total, cos, sin, 
             _nb._NO_POS if pos_ids is None else pos_ids, num_heads, kv_num_heads, packed,
             rotary, pos_ids is not None, interleaved, np.float32(alpha), int(window), out)
     work = bsz * num_heads * s_len * (int(seqlens.max(initial=0)) + 1) * d
-    pairs = bsz * kv_num_heads
+    pairs = bsz * kv_num_heads * (_fl.n_tiles(s_len) if s_len > 1 else 1)
     if work < _nb.GQA_PARALLEL_MIN_WORK or pairs < 2:
         status = _gqa_paged_serial(*args, 1)
     else:

@@ -40,16 +40,20 @@ if HAVE_NUMBA:
     # the loop runs from 0 over a view and division has numpy's error model:
     # so it vectorizes (AVX2: 0.23 ms for 131,072 values against 1.8 ms for
     # the previous scalar loop over coefficient arrays and an index range)
+    @njit(nogil=True, cache=True, fastmath=True, inline="always", error_model="numpy")
+    def _gelu(v):  # pragma: no cover - compiled
+        # one value's GELU (inlined at numba's IR level into the loops below)
+        u = v * np.float32(0.7071067811865476)
+        u = min(max(u, np.float32(-4.0)), np.float32(4.0))
+        u2 = u * u
+        pp = ((((((P0 * u2 + P1) * u2 + P2) * u2 + P3) * u2 + P4) * u2 + P5) * u2 + P6)
+        qq = ((((Q0 * u2 + Q1) * u2 + Q2) * u2 + Q3) * u2 + Q4)
+        return np.float32(0.5) * v * (np.float32(1.0) + u * pp / qq)
+
     @njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
     def _gelu_range(x):  # pragma: no cover - compiled
         for i in range(x.size):
-            v = x[i]
-            u = v * np.float32(0.7071067811865476)
-            u = min(max(u, np.float32(-4.0)), np.float32(4.0))
-            u2 = u * u
-            pp = ((((((P0 * u2 + P1) * u2 + P2) * u2 + P3) * u2 + P4) * u2 + P5) * u2 + P6)
-            qq = ((((Q0 * u2 + Q1) * u2 + Q2) * u2 + Q3) * u2 + Q4)
-            x[i] = np.float32(0.5) * v * (np.float32(1.0) + u * pp / qq)
+            x[i] = _gelu(x[i])
 
 
     @njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
@@ -59,13 +63,7 @@ if HAVE_NUMBA:
         for r in range(y.shape[0]):
             row = y[r]
             for i in range(row.shape[0]):
-                v = row[i] + bias[i]
-                u = v * np.float32(0.7071067811865476)
-                u = min(max(u, np.float32(-4.0)), np.float32(4.0))
-                u2 = u * u
-                pp = ((((((P0 * u2 + P1) * u2 + P2) * u2 + P3) * u2 + P4) * u2 + P5) * u2 + P6)
-                qq = ((((Q0 * u2 + Q1) * u2 + Q2) * u2 + Q3) * u2 + Q4)
-                row[i] = np.float32(0.5) * v * (np.float32(1.0) + u * pp / qq)
+                row[i] = _gelu(row[i] + bias[i])
 
 
 def bias_gelu_inplace_f32(y: np.ndarray, bias: np.ndarray) -> bool:

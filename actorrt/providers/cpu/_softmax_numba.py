@@ -3,7 +3,8 @@ with an optional scale and additive mask applied first (the attention scores'
 ``softmax(scale * s + mask)``): numpy needs six to seven passes over the
 scores (scale, mask, max, subtract, exp, sum, divide) and its float32 ``exp``
 is ~2.4 ns a value here (65,536 values 155 us); the compiled row pass keeps
-the row in L1 and its exp is a polynomial that vectorizes (:func:`expf`).
+the row in L1 and its exp is a polynomial that vectorizes
+(:func:`._numba_math.expf`).
 
 Used by :mod:`.attention` (``ScaledDotAttention``) and :mod:`.softmax`
 (ONNX Softmax, float32, the reduced axis last). Without numba
@@ -11,7 +12,7 @@ Used by :mod:`.attention` (``ScaledDotAttention``) and :mod:`.softmax`
 whose operands do not qualify (another dtype, a read-only or non-contiguous
 array) gets False from :func:`softmax_rows_f32` and uses numpy too.
 
-Numerics: :func:`expf` has relative error ~1e-7 (Cephes' expf polynomial);
+Numerics: the exp has relative error ~1e-7 (Cephes' expf polynomial);
 the row sum is reassociated (vectorized). Differences after the max
 below -87.3 (e^-87.3 ~ 1e-38, far under float32's precision relative to the
 row's largest term 1) give exactly 0, so ``-inf`` mask entries do too. A row
@@ -26,12 +27,10 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "softmax_rows_f32", "expf"]
+__all__ = ["HAVE_NUMBA", "softmax_rows_f32"]
 
 try:
     from numba import njit
-    from numba import types as _types
-    from numba.extending import intrinsic as _intrinsic
     HAVE_NUMBA = True
 except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
@@ -40,29 +39,7 @@ except Exception:  # pragma: no cover - exercised only without numba
 _FLAGS = {"nsz", "arcp", "contract", "reassoc"}
 
 if HAVE_NUMBA:
-    @_intrinsic
-    def _f32_from_bits(typingctx, bits):
-        """The float32 whose bit pattern is the int32 ``bits``."""
-        def codegen(context, builder, sig, args):
-            return builder.bitcast(args[0], context.get_value_type(_types.float32))
-        return _types.float32(_types.int32), codegen
-
-    @njit(fastmath=_FLAGS, nogil=True, cache=True, inline="always", error_model="numpy")
-    def expf(x):  # pragma: no cover - compiled
-        """float32 e^x with no libm call (loops calling it vectorize): 2^n *
-        e^r, n = round(x / ln 2), e^r by Cephes' expf polynomial (relative
-        error ~1e-7); x clamped to [-87.3, 88.4] (below: ~1e-38, not 0)."""
-        x = min(max(x, np.float32(-87.33654)), np.float32(88.37626))
-        n = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
-        r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        p = p * r * r + r + np.float32(1.0)
-        return p * _f32_from_bits((np.int32(n) + np.int32(127)) << 23)
+    from ._numba_math import expf  # float32 e^x, no libm call (inlined: this file's flags)
 
     @njit(nogil=True, cache=True, error_model="numpy")
     def _exact_row(row):  # pragma: no cover - compiled

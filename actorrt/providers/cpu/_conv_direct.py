@@ -33,6 +33,8 @@ GEMM layout of :func:`.conv._pack`; ``y (N, M, OH, OW)`` float32.
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import math
 
 import numpy as np

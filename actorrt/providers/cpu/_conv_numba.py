@@ -20,6 +20,8 @@ threads (:mod:`._parallel`).
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import threading
 
 import numpy as np

@@ -14,6 +14,8 @@ Loaded lazily; :data:`HAVE_NUMBA` False without numba.
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from ._conv_numba import HAVE_NUMBA, run_planes

@@ -10,6 +10,8 @@ MatMul + bias + Gelu epilogue). Loaded lazily by
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from .math import ERF32_RATIONAL

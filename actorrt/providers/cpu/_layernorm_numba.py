@@ -15,6 +15,8 @@ contiguous values that are normalized together.
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "PARALLEL_MIN_ELEMENTS"]

@@ -13,6 +13,8 @@ Without numba :data:`HAVE_NUMBA` is False and nothing else is defined.
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 __all__ = ["HAVE_NUMBA", "f32_from_bits", "expf"]

@@ -16,6 +16,8 @@ Shapes: ``x (N, C, H, W)`` float32 -> ``(N, C, OH, OW)`` float32.
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import math
 
 import numpy as np

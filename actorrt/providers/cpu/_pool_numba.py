@@ -21,6 +21,8 @@ over memory, runs serially).
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from ._conv_numba import HAVE_NUMBA, run_planes

@@ -23,6 +23,8 @@ operations, so such rows give numpy's values (NaN rows stay NaN).
 
 from __future__ import annotations
 
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import math
 
 import numpy as np

@@ -13,6 +13,8 @@ the one this file reads at compile time is :data:`PARALLEL_MIN_WORK`.
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from . import _contrib_int8 as _i8

@@ -25,6 +25,8 @@ viewed as (N4, n_blocks32, 2): the 3-D view picks the block-16 kernel
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from . import _block_kernels as _bk

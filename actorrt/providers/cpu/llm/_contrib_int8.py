@@ -66,6 +66,8 @@ By stage (this module is the entry point; the others are its parts):
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import threading
 import weakref
 

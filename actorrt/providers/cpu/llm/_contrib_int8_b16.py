@@ -40,6 +40,8 @@ Layouts (:func:`pack_b16`; C-contiguous, float32 scales only):
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from . import _contrib_int8 as _i8

@@ -17,6 +17,8 @@ Shapes (all C-contiguous):
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import threading
 
 import numpy as np

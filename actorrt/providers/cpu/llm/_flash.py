@@ -37,6 +37,8 @@ Pools: ``(B, KVH, L, D)`` contiguous (``bt`` empty, block = batch row) or
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from . import _contrib_numba as _nb

@@ -21,6 +21,8 @@ quiets it).
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 from typing import Any
 
 import numpy as np

@@ -13,6 +13,8 @@ rounds, bit for bit.
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from ._int8_tiles import BLOCK, HAVE_INT8_DOT

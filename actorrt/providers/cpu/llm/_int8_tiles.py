@@ -19,13 +19,14 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the
 kernels then do not exist.
 
-numba's disk cache keys a cached function by its own source file only: after
-editing the code generators here, callers cached from other files
-(:mod:`._contrib_int8`, :mod:`._block_kernels`) keep the old machine code
-until their cache is cleared (``__pycache__/*.nbi``, ``*.nbc``).
+Callers cached from other files (:mod:`._contrib_int8`, :mod:`._block_kernels`)
+recompile after an edit here: the kernels' disk cache is keyed on every kernel
+source file (:mod:`.._numba_cache`), not only the caller's own.
 """
 
 from __future__ import annotations
+
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
 import platform
 

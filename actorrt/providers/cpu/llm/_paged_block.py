@@ -7,6 +7,8 @@ from the decoder stack (or, unstacked, from their original kernels)."""
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 from typing import Any, Callable
 
 import numpy as np

@@ -22,6 +22,8 @@ the attended rows, ``(g, t_max)`` float32 per thread (3 x 4,096 x 4 B =
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import numpy as np
 
 from . import _contrib_numba as _nb

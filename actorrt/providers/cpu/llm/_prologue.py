@@ -32,6 +32,8 @@ and error messages are theirs (naming the original node).
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 from typing import Any, Callable, Sequence
 
 import numpy as np

@@ -17,6 +17,8 @@ another POSIX libc) the backoff only spins.
 
 from __future__ import annotations
 
+from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
 import ctypes
 import platform
 

@@ -254,9 +254,10 @@ CASES = {
 IDS = [2, 262, 265, 266, 150, 40, 77, 264, 263, 5, 99, 120]
 
 
-def _ours(path: str, cfg, ids: list[int], fuse: bool) -> tuple[np.ndarray, list, list]:
-    """Logits of a prefill of 5 then decode steps in actorrt, the plan's
-    fusions and declined fusions."""
+def _ours(path: str, cfg, ids: list[int], fuse: bool,
+          first: int = 5) -> tuple[np.ndarray, list, list]:
+    """Logits of a prefill of ``first`` ids then decode steps in actorrt, the
+    plan's fusions and declined fusions."""
     import trio
 
     async def go():
@@ -265,7 +266,7 @@ def _ours(path: str, cfg, ids: list[int], fuse: bool) -> tuple[np.ndarray, list,
             past = {n: np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
                     for n in cfg.kv_input_names()}
             out = []
-            for chunk in (ids[:5], *([t] for t in ids[5:])):
+            for chunk in (ids[:first], *([t] for t in ids[first:])):
                 total = next(iter(past.values())).shape[2] + len(chunk)
                 feed = {"input_ids": np.array([chunk], np.int64),
                         "attention_mask": np.ones((1, total), np.int64), **past}
@@ -354,6 +355,34 @@ def test_arch_accuracy_level_4_runs_int8_activations_on_every_k_quant(built, cas
         top = np.sort(want, -1)
         clear = top[:, -1] - top[:, -2] > 2 * err * scale
         assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    blocks = [f for f, _ in fusions if f.endswith("/DecoderBlock")]
+    assert len(blocks) == cfg.num_layers and not declines, (fusions, declines)
+    assert np.abs(runs[True] - runs[False]).max() / scale < 2e-2
+
+
+def test_variant_block_prompt_across_attention_tiles(built, monkeypatch):
+    """A prompt longer than a key tile and several query tiles (the variant
+    block's prompt attention is tiled: _flash, stage 11), on gemma3 (sliding
+    window 4 on six of seven layers, one global layer), then two decode
+    steps: the fused variant blocks within the int8 activation error of
+    onnxruntime's level-0 logits and within the int8 rounding flips of our
+    unfused level-4 nodes, every block fused."""
+    from actorrt.genai.models import model_file
+    from actorrt.providers.cpu.llm import _flash, _fusion_variants
+
+    monkeypatch.setattr(_fusion_variants, "VARIANT_BLOCKS", True)
+    _, folder = built("gemma3")
+    cfg = load_genai_config(folder)
+    n = _flash.TK + _flash.TQ + 5  # 85: two key tiles, six query tiles
+    ids = [int(i) for i in np.random.default_rng(3).integers(5, VOCAB, n + 2)]
+    dec = OrtDecoder(folder)
+    want = np.concatenate([dec.step(ids[:n])] + [dec.step([t]) for t in ids[n:]])
+    scale = max(1.0, np.abs(want).max())
+    runs = {}
+    for fuse in (False, True):
+        got, fusions, declines = _ours(str(model_file(folder, 4)), cfg, ids, fuse, first=n)
+        runs[fuse] = got
+        assert np.abs(got - want).max() / scale < 6e-2, fuse
     blocks = [f for f, _ in fusions if f.endswith("/DecoderBlock")]
     assert len(blocks) == cfg.num_layers and not declines, (fusions, declines)
     assert np.abs(runs[True] - runs[False]).max() / scale < 2e-2

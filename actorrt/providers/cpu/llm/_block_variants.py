@@ -14,7 +14,12 @@ stage from atomic counters. The stages are the plain block's, plus:
 * 5 starts with the post-attention norm of ``o`` (when present), 9 with the
   post-FFN norm of ``down``, both before the residual add;
 * 7 computes ``Gelu_tanh(gate) * up`` (ONNX Gelu ``approximate="tanh"``,
-  Mul) instead of SiLU.
+  Mul) instead of SiLU;
+* 11 (prompt rows, ``S > 1``): causal attention tiled per (batch row, KV
+  head, query tile) (:mod:`._flash`, as the plain block's stage 10): both
+  threads share even one KV head's prompt, and the scratch stays a few tiles
+  a thread whatever the prompt length. Stage 2 then only appends the new
+  keys and values; decode rows keep stage 2's attention.
 
 A projection's weights are ``(w, d, dz)`` of :func:`._contrib_int8.pack_i8`
 (2-D ``d``) or of :func:`._contrib_int8_b16.pack_b16` with ``d`` / ``dz``
@@ -40,6 +45,7 @@ if _i8.HAVE_INT8_DOT:
     from numba import njit, prange
 
     from . import _contrib_int8_b16 as _b16
+    from . import _flash as _fl
 
     _claim, _done, _wait, _wait_warm = _bk._claim, _bk._done, _bk._wait, _bk._wait_warm
 
@@ -189,7 +195,9 @@ if _i8.HAVE_INT8_DOT:
             if k == spans - 1:
                 _nb._append_pair(key, value, past_k, past_v, pk, pv, cos, sin, pos, past, b,
                                  kh, d, s_len, r2, koff, voff, copy_past, rotary, interleaved)
-            if spans == 1:
+            if s_len > 1:  # prompt rows: attended in stage 11, tiled (_flash)
+                pass
+            elif spans == 1:
                 _nb._attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len,
                                   r2, rotary, interleaved, alpha, window, qg, acc, sc, mx, den,
                                   attn)
@@ -207,6 +215,20 @@ if _i8.HAVE_INT8_DOT:
                     part[:, d] = np.float32(-np.inf)
             _done(ctr, 2)
         _wait_warm(ctr, 2, units, ow, nw, pf)
+        if s_len > 1:  # 2b. per (batch row, KV head, query tile), the new keys appended
+            f_q, f_k, f_v, f_s, f_m, f_d, f_a = _fl.scratch(g, d)
+            no_table = np.zeros((0, 1), np.int32)  # contiguous: a pool block is a batch row
+            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
+            while True:
+                c = _claim(ctr, 11)
+                if c >= items:
+                    break
+                b, kh, q0b, q0, q1 = _fl.item(c, pairs, s_len, kv_heads, past)
+                _fl.attend_tile(query, pk, pv, no_table, cos, sin, pos, past, tot, b, kh, g, d,
+                                r2, rotary, interleaved, alpha, window, q0b, q0, q1, f_q, f_k,
+                                f_v, f_s, f_m, f_d, f_a, attn)
+                _done(ctr, 11)
+            _wait_warm(ctr, 11, items, ow, nw, pf)
         # 3. (merge the spans,) quantize the attention output; 4. o projection
         a2 = attn.reshape(m, attn.shape[2])
         while True:

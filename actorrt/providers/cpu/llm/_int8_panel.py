@@ -97,7 +97,7 @@ if _t.HAVE_INT8_DOT:
         apart) -> the panel ``p`` (uint8, nb * 256) and float32 ``pd`` /
         ``pz`` (nb * 8)."""
         return (types.void(w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz),
-                _build_codegen(_t._bits_of(w)))
+                _build_codegen(_t.bits_of(w)))
 
     def _ptile_codegen(rows):
         def codegen(context, builder, sig, args):
@@ -208,8 +208,8 @@ if _t.HAVE_INT8_DOT:
         n_all = w.shape[0]
         kp = xq.shape[1]
         nb = kp // 32
-        emb = _t._embedded(d)
-        per = _t._per_block(w)
+        emb = _t.embedded_scales(d)
+        per = _t.block_bytes(w)
         wf = w.reshape(-1)
         df = d.reshape(-1)
         zf = dz.reshape(-1)
@@ -225,8 +225,8 @@ if _t.HAVE_INT8_DOT:
             r1 = min(m_rows, r0 + PANEL_ROWS)
             n = lo
             while n < stop:
-                wb0, ws, db0, zb0, ds = _t._column(n, n_all, nb, per, emb, False)
-                wb1, _, db1, zb1, _ = _t._column(n + 4, n_all, nb, per, emb, False)
+                wb0, ws, db0, zb0, ds = _t.column_layout(n, n_all, nb, per, emb, False)
+                wb1, _, db1, zb1, _ = _t.column_layout(n + 4, n_all, nb, per, emb, False)
                 _panel_build(wf, wb0, wb1, ws, df, zf, db0, zb0, db1, zb1, ds, nb, p, pd, pz)
                 m = r0
                 while m + 4 <= r1:

@@ -657,6 +657,12 @@ if HAVE_INT8_DOT:
             return (n // 4) * nb * 4 * per + (n % 4) * per, 4 * per, at, at, 4
         return n * nb * per, per, n * nb, n * nb, 1
 
+    #: the layout hooks, for the other kernel stages (:mod:`._int8_panel`):
+    #: a column's offsets / strides, whether the scales are embedded, weight
+    #: bytes a block, the weights' bits (4 or 8) from their numba type
+    column_layout, embedded_scales, block_bytes, bits_of = (_column, _embedded, _per_block,
+                                                           _bits_of)
+
     @njit(fastmath=True, nogil=True, cache=True)
     def _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch):  # pragma: no cover
         # output columns lo..hi (lo a multiple of 4) of every row of xq:

@@ -13,7 +13,9 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   one-row path, kept for comparisons: ``TILE_MIN_ROWS``);
 * ``_cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch)``:
   output columns lo..hi of every row (what the fused decoder stack's
-  projection stages and :func:`._contrib_int8.gemm_i8` call).
+  projection stages and :func:`._contrib_int8.gemm_i8` call); from
+  :data:`._int8_panel.PANEL_MIN_ROWS` rows, 4-bit, eight columns at a time
+  against an unpacked int8 panel (:mod:`._int8_panel`, the same bits).
 
 :data:`HAVE_INT8_DOT` is False without numba, off x86-64, without AVX2, or
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the

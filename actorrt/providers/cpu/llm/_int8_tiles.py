@@ -13,7 +13,9 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   one-row path, kept for comparisons: ``TILE_MIN_ROWS``);
 * ``_cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch)``:
   output columns lo..hi of every row (what the fused decoder stack's
-  projection stages and :func:`._contrib_int8.gemm_i8` call).
+  projection stages and :func:`._contrib_int8.gemm_i8` call); from
+  :data:`._int8_panel.PANEL_MIN_ROWS` rows, 4-bit, eight columns at a time
+  against an unpacked int8 panel (:mod:`._int8_panel`, the same bits).
 
 :data:`HAVE_INT8_DOT` is False without numba, off x86-64, without AVX2, or
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the
@@ -29,6 +31,7 @@ from __future__ import annotations
 from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
 import platform
+from types import SimpleNamespace
 
 from . import _contrib_numba as _nb
 
@@ -595,6 +598,11 @@ if HAVE_INT8_DOT:
         typer.__name__ = f"_tile_i8_x{rows}" + ("_pf" if locality is not None else "")
         return intrinsic(typer)
 
+    #: the IR helpers, for the other kernel stages (:mod:`._int8_panel`)
+    IR = SimpleNamespace(unpack=_unpack, block_loop=_block_loop, load_vec=_load_vec,
+                         load_scales=_load_scales, load_zero_points=_load_zero_points,
+                         splat=_splat, broadcast=_broadcast, declare=_declare)
+
     # (the prefetching ones for the fused blocks' short weight streams, as _group_pf)
     _tile4, _tile3, _tile2, _tile1 = (_tile_intrinsic(r) for r in (4, 3, 2, 1))
     _tile4_pf, _tile3_pf, _tile2_pf, _tile1_pf = (_tile_intrinsic(r, 3) for r in (4, 3, 2, 1))
@@ -651,6 +659,12 @@ if HAVE_INT8_DOT:
             return (n // 4) * nb * 4 * per + (n % 4) * per, 4 * per, at, at, 4
         return n * nb * per, per, n * nb, n * nb, 1
 
+    #: the layout hooks, for the other kernel stages (:mod:`._int8_panel`):
+    #: a column's offsets / strides, whether the scales are embedded, weight
+    #: bytes a block, the weights' bits (4 or 8) from their numba type
+    column_layout, embedded_scales, block_bytes, bits_of = (_column, _embedded, _per_block,
+                                                           _bits_of)
+
     @njit(fastmath=True, nogil=True, cache=True)
     def _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch):  # pragma: no cover
         # output columns lo..hi (lo a multiple of 4) of every row of xq:
@@ -678,6 +692,11 @@ if HAVE_INT8_DOT:
         sf = sx.reshape(-1)
         uf = xsum.reshape(-1)
         full = min(hi, g4)
+        if (_panel.PANEL_MIN_ROWS > 0 and m_rows >= _panel.PANEL_MIN_ROWS and per == 16
+                and not sym and TILE_PAIRED and TILE_Z_APART):
+            # prefill-size M, 4-bit: eight columns at a time against a panel
+            # unpacked once (the same bits as the paired tiles below)
+            lo = _panel._panel_cols(xq, sx, xsum, w, d, dz, out, lo, full)
         if m_rows >= TILE_MIN_ROWS:
             r0 = 0
             while r0 < m_rows:
@@ -758,3 +777,7 @@ if HAVE_INT8_DOT:
         # are the same bits whichever rows share its tile
         _cols(xq[r0:r1], sx[r0:r1], xsum[r0:r1], sx_t, xs_t, w, d, dz, out[r0:r1], lo, hi,
               prefetch)
+
+
+if HAVE_INT8_DOT:
+    from . import _int8_panel as _panel  # noqa: E402  (uses IR above; read by _cols)

@@ -15,6 +15,7 @@ import pytest
 from actorrt.providers.cpu.llm import _contrib_int8 as ci
 from actorrt.providers.cpu.llm import _contrib_numba as nbk
 from actorrt.providers.cpu.llm import _contrib_quant as cq
+from actorrt.providers.cpu.llm import _int8_panel as ip
 
 needs_int8 = pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 
@@ -145,7 +146,42 @@ def test_largest_products_do_not_overflow(bits):
         a[3] *= 1e-3
         a[4, :32] = 0.0  # an all-zero block
         a[5] = rng.choice([-1.0, 1.0], nb * 32)
+        a = np.concatenate([a, a[::-1]])  # 12 rows: the panel tiles too (4-bit, M >= 8)
         got = np.empty((a.shape[0], n), np.float32)
         (ci._serial_q4 if bits == 4 else ci._serial_q8)(a, p.qi, p.scales, p.dz, got)
         want, mag = integer_reference(a, b.reshape(n, -1), s, None, bits)
         assert np.all(np.abs(got - want) <= 1e-5 * mag + 1e-30), fill
+
+
+@needs_int8
+@pytest.mark.parametrize("layout", ["half", "f32"])
+def test_panel_tiles_equal_one_row_across_row_passes(layout):
+    # 4-bit from PANEL_MIN_ROWS rows: eight columns against the unpacked panel,
+    # rows past PANEL_ROWS (a second pass), N = 76 (nine panel chunks and one
+    # group of four left to the paired tiles), parallel column chunks starting
+    # at odd groups: the one-row tiles' bits and the integer reference
+    assert ip.PANEL_MIN_ROWS > 0
+    rng = np.random.default_rng(11)
+    n, nb = 76, 5
+    b, s, zp = weights(rng, n, nb, 4, "packed", layout)
+    p = cq.pack_nbits(b.reshape(n, -1), s, zp, k=nb * 32, n=n, bits=4, block_size=32,
+                      use_numba=True, int8=True)
+    m = ip.PANEL_ROWS + 7
+    a = (rng.standard_normal((m, nb * 32)) * rng.choice([0.1, 1.0, 30.0], (m, nb * 32))
+         ).astype(np.float32)
+    alone = np.empty((m, n), np.float32)
+    for r in range(m):
+        ci._serial_q4(a[r:r + 1], p.qi, p.scales, p.dz, alone[r:r + 1])
+    for rows in (ip.PANEL_MIN_ROWS, ip.PANEL_MIN_ROWS + 3, m):
+        got = np.empty((rows, n), np.float32)
+        ci._serial_q4(a[:rows], p.qi, p.scales, p.dz, got)
+        np.testing.assert_array_equal(got, alone[:rows], err_msg=f"M={rows}")
+    par = np.empty((m, n), np.float32)
+    nbk.set_num_threads(2)
+    try:
+        nbk._parallel(ci._par_q4, a, p.qi, p.scales, p.dz, par, 3)
+    finally:
+        nbk.set_num_threads(None)
+    np.testing.assert_array_equal(par, alone)
+    want, mag = integer_reference(a, b.reshape(n, -1), s, zp, 4)
+    assert np.all(np.abs(alone - want) <= 1e-5 * mag + 1e-30)

@@ -2,7 +2,10 @@
 spends its time: the whole step through the session (B rows, one new token
 each, KV cache with spare capacity, donated as the engine does), and the
 int8 projections of one layer and the LM head timed alone (one thread, thread
-CPU time) at the same row count, with their arithmetic rate.
+CPU time) at the same row count, with their arithmetic rate; per row count
+also the region call's time against the rest of ``session.run`` and each
+stage's work and barrier wait (the region's cycle counters, the
+``_fusion.STAGE_PROFILE`` hook).
 
     python benchmarks/profile_decode.py [--rows 1,8,16] [--past 80] [--steps 20]
 """
@@ -26,7 +29,7 @@ HEAD_NAMES = {0: "head gather", 1: "head quantize", 2: "head proj"}
 ORDER = (0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9)
 
 
-def stage_split(prof, threads):
+def stage_split(prof):
     """Per stage (summed over layers): (thread-ms of work, thread-ms waiting at
     its barrier) from the region's cycle counters (prof summed over steps).
     Each thread's stage time is the time between its exits from consecutive
@@ -105,7 +108,7 @@ async def step_times(path, rows_list, past, steps, threads):
             cpu = sorted(t[1] for t in times[3:])
             reg = sorted(regions[3:])
             out[b] = (wall[len(wall) // 2], cpu[len(cpu) // 2], reg[len(reg) // 2],
-                      stage_split(prof, threads), len(times) - 3)
+                      stage_split(prof), len(times) - 3)
     nb._parallel = inner
     return out
 
@@ -148,7 +151,6 @@ def kernel_times(rows_list, rounds=5):
 
 
 def main():
-    global hz
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,8,16")
     ap.add_argument("--past", type=int, default=80)

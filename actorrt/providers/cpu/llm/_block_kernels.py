@@ -38,6 +38,14 @@ ROW_CHUNK = 4
 #: ``parts`` chunks and ``cw`` columns a chunk: the thread that finishes
 #: last in a stage waits for at most one item
 ITEM_MACS = 1 << 19
+#: a stage counter row of this many slots is a profiled one (the stack's
+#: ``prof`` argument): per stage s, the team's summed cycles waiting at its
+#: barrier in slot PROFILE_WAIT + s and the summed cycle counts at which the
+#: threads left it in PROFILE_EXIT + s (slots 0-23: the counters of stages
+#: 0-11, the variants' blocks included)
+PROFILE_WAIT = 24
+PROFILE_EXIT = 36
+PROFILE_SLOTS = 48
 
 if _nb.HAVE_NUMBA:
     from numba import njit
@@ -143,15 +151,41 @@ if _i8.HAVE_INT8_DOT:
     def _done(ctr, stage):  # pragma: no cover - compiled
         _atomic_add(ctr, 2 * stage + 1, 1)
 
+    @intrinsic
+    def _cycles(typingctx):
+        """The CPU's cycle counter (``rdtsc`` on x86-64; constant rate)."""
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(
+                builder.module, _ir.FunctionType(_ir.IntType(64), []), "llvm.readcyclecounter")
+            return builder.call(fn, [])
+        return types.int64(), codegen
+
+    @njit(nogil=True, cache=True)
+    def cycles():  # pragma: no cover - compiled
+        """The cycle counter the stage timings count in (calibrate it against
+        ``time.perf_counter``): int64."""
+        return _cycles()
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _timed(ctr, stage, t1):  # pragma: no cover - compiled
+        # a profiled region (ctr of PROFILE_SLOTS): this thread waited from
+        # t1 to now at the end of ``stage``; sums over the team
+        if ctr.shape[0] >= PROFILE_SLOTS:
+            t2 = _cycles()
+            _atomic_add(ctr, PROFILE_WAIT + stage, t2 - t1)
+            _atomic_add(ctr, PROFILE_EXIT + stage, t2)
+
     @njit(nogil=True, cache=True, inline="always")
     def _wait(ctr, stage, n):  # pragma: no cover - compiled
         # every chunk of the stage finished. Only chunks a running thread
         # claimed are waited for: a thread that never started claims none, so
         # one thread alone finishes the region (no barrier, no deadlock); a
         # long wait yields the core (_spin: an oversubscribed machine)
+        t1 = _cycles() if ctr.shape[0] >= PROFILE_SLOTS else 0
         spins = 0
         while _atomic_get(ctr, 2 * stage + 1) < n:
             spins = _spin.backoff(spins)
+        _timed(ctr, stage, t1)
 
     @intrinsic
     def _prefetch_line(typingctx, arr, offset):
@@ -174,6 +208,7 @@ if _i8.HAVE_INT8_DOT:
         # (w0 then w1 from their first byte: the order their chunks are
         # claimed in), so a thread left without work in a small stage keeps
         # the memory bus busy
+        t1 = _cycles() if ctr.shape[0] >= PROFILE_SLOTS else 0
         limit = w0.nbytes + w1.nbytes if pf & 2 else 0
         pos = 0
         spins = 0
@@ -187,6 +222,7 @@ if _i8.HAVE_INT8_DOT:
                     pos += 64
             else:
                 spins = _spin.backoff(spins)
+        _timed(ctr, stage, t1)
 
     # The int8 decoder block as one parallel region: every thread runs the
     # same stage program (_program) and claims chunks of each stage (column
@@ -588,7 +624,7 @@ if _i8.HAVE_INT8_DOT:
                       uw, ud, uz, dw, dd, dz, g2s, eps2s, g3s, eps3s, kvt, kv0, seqlens, total,
                       cos, sin, pos_ids, packed, heads, kv_heads, rotary, interleaved, alpha,
                       window, threads, cw, parts, pf, span_units, span_rows, hw, hd, hz,
-                      head, head_rows, bt):  # pragma: no cover - compiled
+                      head, head_rows, prof, bt):  # pragma: no cover - compiled
         # kvt: (layers, 2) addresses of each layer's key and value buffers,
         # (B, KVH, L, D) float32 like kv0 (layer 0's key), written in place
         # (the caller checked them: see _kv_table). head: also the LM head,
@@ -596,7 +632,9 @@ if _i8.HAVE_INT8_DOT:
         # on the last layer's output, into the returned (B * S, N) logits;
         # with head_rows (int64, not empty), on those rows of it only: (R, N).
         # bt (B, W) not empty: the buffers are a paged cache's pools (blocks,
-        # KVH, block size, D) read and written through that block table
+        # KVH, block size, D) read and written through that block table.
+        # prof (layers + 1, PROFILE_SLOTS) int64 zeros: the stage timings
+        # (see PROFILE_SLOTS) are added into it; any other shape: none
         bsz, s_len, hidden = h.shape
         m = bsz * s_len
         n_layers = wt.shape[0]
@@ -616,7 +654,8 @@ if _i8.HAVE_INT8_DOT:
         (oq, ok, ov, attn, o, y2, res2, gate, up, down, inv, hq, hs, hx, ht, hu, aq, as_, ax, at,
          au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu) = _scratch(
             bsz, s_len, hidden, nq, kw.shape[0], vw.shape[0], heads * d, nf)
-        ctrs = np.zeros((n_layers + 1, 22), np.int64)
+        profiled = prof.shape[0] == n_layers + 1 and prof.shape[1] == PROFILE_SLOTS
+        ctrs = np.zeros((n_layers + 1, PROFILE_SLOTS if profiled else 22), np.int64)
         n_rows = head_rows.shape[0] if head_rows.shape[0] else m
         logits = np.empty((n_rows, hw.shape[0]) if head else (0, 0), np.float32)
         hsrc = np.empty((head_rows.shape[0], hidden), np.float32)
@@ -630,6 +669,8 @@ if _i8.HAVE_INT8_DOT:
                       au, yq, ys, yx, yt, yu, fq, fs, fx, ft, fu, attn, o, y2, res2, gate, up,
                       down, inv, ctrs, cw, qw[:0], qd[:0], threads, parts, pf, pa, spans, hw,
                       hd, hz, head, logits, head_rows, hsrc, gq, gs, gx, gt, gu, bt)
+        if profiled:  # the timings, not the counters (fresh each call)
+            prof[:, PROFILE_WAIT:] += ctrs[:, PROFILE_WAIT:]
         return 0, x.reshape(bsz, s_len, hidden), r.reshape(bsz, s_len, hidden), spans, logits
 
 

@@ -97,6 +97,11 @@ PREFETCH = 3
 #: interleaved: 3-6 % faster (streamed decode: within the machine's noise)
 SPAN_UNITS = 4
 SPAN_ROWS = 16
+#: a profiling hook (benchmarks/profile_decode.py): None, or an int64 array
+#: (layers + 1, _block_kernels.PROFILE_SLOTS) of zeros that every decoder
+#: stack region adds its stage timings into (cycle counts, see
+#: _block_kernels.PROFILE_SLOTS); read at each call
+STAGE_PROFILE: "np.ndarray | None" = None
 
 MS = "com.microsoft"
 
@@ -534,7 +539,8 @@ class DecoderStack(Kernel):
                 kernel_view(kv[0]), seqlens, total, cos_cache if rotary else one,
                 sin_cache if rotary else one, no_pos, packed, heads, kv_heads, rotary,
                 interleaved, np.float32(alpha), window, team, CHUNK_COLUMNS,
-                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows, bt)
+                CHUNKS_PER_THREAD * team, PREFETCH, SPAN_UNITS, SPAN_ROWS, *head_args, rows,
+                _NO_PROFILE if STAGE_PROFILE is None else STAGE_PROFILE, bt)
             if status:  # nothing was written: the blocks (and their nodes) name it
                 return chain(fns, h, residual, seqlens_k, total_sequence_length, cos_cache,
                              sin_cache, full)
@@ -553,6 +559,7 @@ class DecoderStack(Kernel):
 
 _NO_ROWS = np.zeros(0, np.int64)  # the head reads every row
 _NO_TABLE = np.zeros((0, 1), np.int32)  # a contiguous KV cache
+_NO_PROFILE = np.zeros((0, 1), np.int64)  # the stage timings not recorded
 
 
 def _head_rows(idx: Any, h: np.ndarray) -> np.ndarray | None:

@@ -424,6 +424,30 @@ async def test_fusion_is_traced(tiny, tmp_path):
 
 
 @pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
+async def test_stage_profile_records_timings_and_keeps_the_bits(tiny, monkeypatch):
+    # the profiling hook (_fusion.STAGE_PROFILE): the profiled stack computes
+    # the same bits as the unprofiled one and adds cycle counts per stage
+    path, cfg = model_path(tiny, "q4_1", 4)
+    monkeypatch.setattr(_fusion, "REGION_MIN_WORK", 0)
+    monkeypatch.setattr(_fusion, "CHUNK_COLUMNS", 8)
+    with kernel_threads(2):
+        plain, _ = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                   batch_lengths=(0, 2))
+        prof = np.zeros((cfg.num_layers + 1, _block_kernels.PROFILE_SLOTS), np.int64)
+        monkeypatch.setattr(_fusion, "STAGE_PROFILE", prof)
+        timed, _ = await run_steps(path, cfg, SessionOptions(), steps=(5, 1, 1),
+                                   batch_lengths=(0, 2))
+    for a, b in zip(timed, plain):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    assert not prof[:, :_block_kernels.PROFILE_WAIT].any()  # no counters leak out
+    exits = prof[:cfg.num_layers, _block_kernels.PROFILE_EXIT:]
+    for st in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9):  # every decoder stage of every layer left
+        assert (exits[:, st] > 0).all()
+    assert (prof[:, _block_kernels.PROFILE_WAIT:_block_kernels.PROFILE_EXIT] >= 0).all()
+
+
+@pytest.mark.skipif(not ci.HAVE_INT8_DOT, reason="needs numba and an AVX2 CPU")
 async def test_stack_without_room_in_place_runs_the_blocks(tiny, monkeypatch):
     # KV buffers not donated (read-only) or a layer whose key and value
     # buffers overlap: the blocks run one after another, same values

@@ -9,11 +9,12 @@ never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
   unpadded ``x (N, C, H, W)``, zeros where a tap falls in the padding; parallel
   over the ``N * C`` planes.
 * :func:`depthwise2d` -- ``y (N, C*mult, OH, OW)`` of a grouped convolution with
-  one input channel per group, directly (no patch matrix); parallel over planes.
+  one input channel per group, directly (no patch matrix), bias / residual /
+  Relu-LeakyRelu-Clip applied in the store; parallel over planes.
 
 Both take float32 or float64 C-contiguous arrays and strides / dilations /
-leading pads as ints. Each has a serial driver over a range of planes and a
-numba-parallel one over one per-plane body; :func:`run_planes` runs small
+leading pads as ints. Each has a serial driver over a range of planes (im2col
+also a numba-parallel one over one per-plane body); :func:`run_planes` runs small
 work serially and splits large work into plane ranges on the intra-op
 threads (:mod:`._parallel`).
 """
@@ -96,111 +97,122 @@ if HAVE_NUMBA:
         for nc in range(start, stop):
             _im2col_plane(x, cols, nc // c, nc % c, sh, sw, dh, dw, pt, pl)
 
-    @njit(nogil=True, cache=True, fastmath=True, boundscheck=False, inline="always")
-    def _dw3x3_row(xp, wp, yr, t, iy0, sw, pl, lo, hi):  # pragma: no cover - compiled
-        """One output row of an undilated 3x3 depthwise plane whose input rows
-        ``iy0 .. iy0 + 2`` are inside: columns ``[lo, hi)`` (every tap inside)
-        in one pass, the edge columns tap by tap."""
-        wd = xp.shape[1]
-        ow = yr.shape[0]
-        w00, w01, w02 = wp[0, 0], wp[0, 1], wp[0, 2]
-        w10, w11, w12 = wp[1, 0], wp[1, 1], wp[1, 2]
-        w20, w21, w22 = wp[2, 0], wp[2, 1], wp[2, 2]
-        n = hi - lo
-        s0 = lo * sw - pl
-        yv = yr[lo:hi]
-        if sw == 1:
-            a = xp[iy0, s0:s0 + n + 2]
-            b = xp[iy0 + 1, s0:s0 + n + 2]
-            c = xp[iy0 + 2, s0:s0 + n + 2]
-            for q in range(n):
-                yv[q] = (w00 * a[q] + w01 * a[q + 1] + w02 * a[q + 2]
-                         + w10 * b[q] + w11 * b[q + 1] + w12 * b[q + 2]
-                         + w20 * c[q] + w21 * c[q + 1] + w22 * c[q + 2])
-        else:  # strided: the stride-1 row over the span (vectorized) into t, then every sw-th
-            L = (n - 1) * sw + 1
-            a = xp[iy0, s0:s0 + L + 2]
-            b = xp[iy0 + 1, s0:s0 + L + 2]
-            c = xp[iy0 + 2, s0:s0 + L + 2]
-            for q in range(L):
-                t[q] = (w00 * a[q] + w01 * a[q + 1] + w02 * a[q + 2]
-                        + w10 * b[q] + w11 * b[q + 1] + w12 * b[q + 2]
-                        + w20 * c[q] + w21 * c[q + 1] + w22 * c[q + 2])
-            for q in range(n):
-                yv[q] = t[q * sw]
-        for ox in range(ow):
-            if lo <= ox < hi:
-                continue
-            acc = yr[ox] * 0
-            for i in range(3):
-                for j in range(3):
-                    ix = ox * sw - pl + j
-                    if 0 <= ix < wd:
-                        acc += wp[i, j] * xp[iy0 + i, ix]
-            yr[ox] = acc
-
-    # The depthwise plane works on row views: the same loop on 4-D element
+    # The depthwise planes work on views: the same loops on 4-D element
     # indices (``y[b, oc, oy, ox + off]``) did not vectorize (numba's index
-    # arithmetic may wrap, so LLVM cannot prove the accesses consecutive) and
-    # ran at 0.5-1 GFLOP/s; on row views it runs 2-5x faster (round 4)
+    # arithmetic may wrap, so LLVM cannot prove the accesses consecutive), and
+    # a view per tap per row cost more than the row's arithmetic on small
+    # planes. So each input plane is first copied into a zeroed, padded,
+    # phase-split scratch ``ph (SH*SW, HQ, WQ)`` (``ph[a*SW + b, r, k]`` = padded
+    # input ``[r*SH + a, k*SW + b]``): output ``(oy, ox)``'s tap ``(i, j)`` then
+    # reads flat element ``oy*WQ + ox + off(i, j)`` of one phase plane, so the
+    # whole plane is one loop over ``t = oy*WQ + ox`` with one view per tap
+    # (the ``WQ - OW`` columns past each row are computed and dropped). An
+    # undilated-in-columns 3x3 kernel at column stride 1 or 2 sums its nine
+    # taps per element in one pass, others tap by tap.
+    # Bias, a residual ``z`` and ``min(max(where(v < 0, alpha*v, v), lo), hi)``
+    # are applied copying the rows out. (The previous kernel, row by row with
+    # the edge columns tap by tap, ran at 1.5-5 GFLOP/s here.)
     @njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
-    def _depthwise_plane(x, w, y, b, oc, sh, sw, dh, dw, pt, pl):  # pragma: no cover
-        h, wd = x.shape[2], x.shape[3]
+    def _depthwise_serial(x, w, bias, z, y, sh, sw, dh, dw, pt, pl, ep, has_z,
+                          start, stop):  # pragma: no cover - compiled
+        alpha, lo, hi = ep[0], ep[1], ep[2]  # x's dtype (no float64 promotion in the store)
+        c, h, wd = x.shape[1], x.shape[2], x.shape[3]
         m, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-        xp = x[b, oc // (m // x.shape[1])]
-        yp = y[b, oc]
-        wp = w[oc, 0]
         oh, ow = y.shape[2], y.shape[3]
-        los = np.empty(kw, np.int64)
-        his = np.empty(kw, np.int64)
-        for j in range(kw):
-            lo, hi = _span(ow, sw, j * dw - pl, wd)
-            los[j] = lo
-            his[j] = hi
-        # 3x3 undilated: rows whose three input rows are inside take the nine
-        # taps in one pass over their interior columns [lo3, hi3)
-        fast = kh == 3 and kw == 3 and dh == 1 and dw == 1
-        lo3 = max(los[0], max(los[1], los[2]))
-        hi3 = min(his[0], min(his[1], his[2]))
-        t = np.empty(wd if fast and sw > 1 else 1, x.dtype)  # _dw3x3_row's strided scratch
-        for oy in range(oh):
-            yr = yp[oy]
-            iy0 = oy * sh - pt
-            if fast and iy0 >= 0 and iy0 + 2 < h and hi3 > lo3:
-                _dw3x3_row(xp, wp, yr, t, iy0, sw, pl, lo3, hi3)
-                continue
-            for ox in range(ow):
-                yr[ox] = 0
-            for i in range(kh):
-                iy = oy * sh - pt + i * dh
-                if iy < 0 or iy >= h:
-                    continue
-                for j in range(kw):
-                    lo, hi = los[j], his[j]
-                    if hi <= lo:
-                        continue
-                    wv = wp[i, j]
-                    off = j * dw - pl
-                    yv = yr[lo:hi]
-                    if sw == 1:
-                        xr = xp[iy, lo + off:hi + off]
-                    else:
-                        xr = xp[iy, lo * sw + off:(hi - 1) * sw + off + 1:sw]
-                    for q in range(hi - lo):
-                        yv[q] += wv * xr[q]
-
-    @njit(parallel=True, nogil=True, cache=True)
-    def _depthwise(x, w, y, sh, sw, dh, dw, pt, pl):  # pragma: no cover - compiled
-        n, m = x.shape[0], w.shape[0]
-        for nm in prange(n * m):
-            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
-
-    @njit(nogil=True, cache=True)
-    def _depthwise_serial(x, w, y, sh, sw, dh, dw, pt, pl, start, stop):  # pragma: no cover
-        m = w.shape[0]
+        mult = m // c
+        hq = max(((kh - 1) * dh) // sh + oh, (h + pt + sh - 1) // sh)
+        wq = max(((kw - 1) * dw) // sw + ow, (wd + pl + sw - 1) // sw)
+        ph = np.zeros((sh * sw, hq * wq), x.dtype)  # pads stay zero: only the interior is written
+        n_t = (oh - 1) * wq + ow
+        acc = np.empty(oh * wq, x.dtype)
+        acc2 = acc.reshape((oh, wq))
+        kk = kh * kw
+        tp = np.empty(kk, np.int64)  # phase plane of each tap
+        to = np.empty(kk, np.int64)  # flat offset in it
+        for i in range(kh):
+            for j in range(kw):
+                tp[i * kw + j] = ((i * dh) % sh) * sw + (j * dw) % sw
+                to[i * kw + j] = ((i * dh) // sh) * wq + (j * dw) // sw
+        last = -1
         for nm in range(start, stop):
-            _depthwise_plane(x, w, y, nm // m, nm % m, sh, sw, dh, dw, pt, pl)
-
+            b = nm // m
+            oc = nm % m
+            ic = oc // mult
+            if b * c + ic != last:  # copy the input plane in (once per channel multiplier run)
+                last = b * c + ic
+                xpl = x[b, ic]
+                for iy in range(h):
+                    xr = xpl[iy]
+                    ry = iy + pt
+                    rowbase = (ry // sh) * wq
+                    pa = (ry % sh) * sw
+                    for p in range(sw):  # column phase p: input columns ix0, ix0 + SW, ...
+                        ix0 = (p - pl) % sw
+                        if ix0 >= wd:
+                            continue
+                        cnt = (wd - 1 - ix0) // sw + 1
+                        k0 = rowbase + (ix0 + pl) // sw
+                        if sw == 1:
+                            dst = ph[pa, k0:k0 + cnt]
+                            for t in range(cnt):
+                                dst[t] = xr[t]
+                        else:  # a strided gather: element indices (no views)
+                            pp = pa + p
+                            for t in range(cnt):
+                                ph[pp, k0 + t] = xr[ix0 + t * sw]
+            wp = w[oc, 0]
+            bv = bias[oc]
+            if kh == 3 and kw == 3 and dw == 1 and sw <= 2:
+                # one view per kernel row (and column phase): a loop over more
+                # than ~8 arrays is not vectorized (LLVM's runtime alias-check
+                # limit), taps j = 1, 2 at constant offsets of the same view are
+                w0, w1, w2 = wp[0, 0], wp[0, 1], wp[0, 2]
+                w3, w4, w5 = wp[1, 0], wp[1, 1], wp[1, 2]
+                w6, w7, w8 = wp[2, 0], wp[2, 1], wp[2, 2]
+                o0, o1, o2 = to[0], to[3], to[6]
+                q0, q1, q2 = tp[0], tp[3], tp[6]
+                if sw == 1:
+                    r0 = ph[q0, o0:o0 + n_t + 2]
+                    r1 = ph[q1, o1:o1 + n_t + 2]
+                    r2 = ph[q2, o2:o2 + n_t + 2]
+                    for t in range(n_t):
+                        acc[t] = (bv + w0 * r0[t] + w1 * r0[t + 1] + w2 * r0[t + 2]
+                                  + w3 * r1[t] + w4 * r1[t + 1] + w5 * r1[t + 2]
+                                  + w6 * r2[t] + w7 * r2[t + 1] + w8 * r2[t + 2])
+                else:  # column phases: tap 0 even [t], tap 1 odd [t], tap 2 even [t + 1]
+                    e0 = ph[q0, o0:o0 + n_t + 1]
+                    d0 = ph[q0 + 1, o0:o0 + n_t]
+                    e1 = ph[q1, o1:o1 + n_t + 1]
+                    d1 = ph[q1 + 1, o1:o1 + n_t]
+                    e2 = ph[q2, o2:o2 + n_t + 1]
+                    d2 = ph[q2 + 1, o2:o2 + n_t]
+                    for t in range(n_t):
+                        acc[t] = (bv + w0 * e0[t] + w1 * d0[t] + w2 * e0[t + 1]
+                                  + w3 * e1[t] + w4 * d1[t] + w5 * e1[t + 1]
+                                  + w6 * e2[t] + w7 * d2[t] + w8 * e2[t + 1])
+            else:
+                for t in range(n_t):
+                    acc[t] = bv
+                for i in range(kh):
+                    for j in range(kw):
+                        q = i * kw + j
+                        xr = ph[tp[q], to[q]:to[q] + n_t]
+                        wv = wp[i, j]
+                        for t in range(n_t):
+                            acc[t] += wv * xr[t]
+            # (element indices from here: a view per row cost as much as the row)
+            if has_z:
+                for oy in range(oh):
+                    for q in range(ow):
+                        v = acc2[oy, q] + z[b, oc, oy, q]
+                        v = alpha * v if v < 0 else v
+                        y[b, oc, oy, q] = min(max(v, lo), hi)
+            else:
+                for oy in range(oh):
+                    for q in range(ow):
+                        v = acc2[oy, q]
+                        v = alpha * v if v < 0 else v
+                        y[b, oc, oy, q] = min(max(v, lo), hi)
 
 #: below this many output elements times kernel taps a compiled kernel runs
 #: on the calling thread alone; above, its planes are split into chunks run by
@@ -265,13 +277,22 @@ def im2col2d(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape,
     return cols
 
 
-def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, out_shape) -> np.ndarray:
+def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, out_shape,
+                bias: np.ndarray | None = None, z: np.ndarray | None = None,
+                alpha: float = 1.0, lo: float = -np.inf, hi: float = np.inf) -> np.ndarray:
     """``(N, M, OH, OW)`` convolution of ``x (N, C, H, W)`` with ``w (M, 1, KH, KW)``,
-    ``M`` a multiple of ``C`` (one input channel per group)."""
+    ``M`` a multiple of ``C`` (one input channel per group), float32 or float64,
+    with its epilogue in the store: ``bias (M,)`` and a residual ``z`` of the
+    output's shape added (when given), then ``min(max(where(v < 0, alpha*v, v), lo), hi)``
+    (the defaults apply nothing). Pads at the end are implied by ``out_shape``."""
     n = x.shape[0]
-    y = np.empty((n, w.shape[0], out_shape[0], out_shape[1]), x.dtype)
-    run_planes(_depthwise_serial, _depthwise,
-               (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), y, strides[0],
-                strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1]),
-               n * w.shape[0], y.size * w.shape[2] * w.shape[3])
+    m = w.shape[0]
+    y = np.empty((n, m, out_shape[0], out_shape[1]), x.dtype)
+    b = np.zeros(m, x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
+    zz = np.zeros((1, 1, 1, 1), x.dtype) if z is None else np.ascontiguousarray(z, dtype=x.dtype)
+    run_planes(_depthwise_serial, None,
+               (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
+                strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
+                np.array([alpha, lo, hi], x.dtype), z is not None),
+               n * m, y.size * w.shape[2] * w.shape[3])
     return y

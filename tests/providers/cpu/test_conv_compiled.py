@@ -245,3 +245,22 @@ def test_apply_skips_a_numba_still_being_imported(monkeypatch):
     half = types.ModuleType("numba")  # what sys.modules holds mid-import
     monkeypatch.setitem(sys.modules, "numba", half)
     _threads.apply(1)  # no AttributeError
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_store_epilogue(stride):
+    """depthwise2d's store epilogue (bias, residual z, LeakyRelu slope, Clip
+    bounds) equals numpy float64 applied to its plain result (which the
+    onnxruntime cases above check)."""
+    if not _conv_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    x = RNG.standard_normal((2, 5, 13, 11)).astype(np.float32)
+    w = RNG.standard_normal((10, 1, 3, 3)).astype(np.float32)
+    out = ((13 + 2 - 3) // stride + 1, (11 + 2 - 3) // stride + 1)
+    b = RNG.standard_normal(10).astype(np.float32)
+    z = RNG.standard_normal((2, 10, *out)).astype(np.float32)
+    plain = _conv_numba.depthwise2d(x, w, (stride, stride), (1, 1), (1, 1), out).astype(np.float64)
+    got = _conv_numba.depthwise2d(x, w, (stride, stride), (1, 1), (1, 1), out, b, z, 0.1, -0.5, 2.0)
+    v = plain + b.reshape(1, -1, 1, 1) + z
+    want = np.clip(np.where(v < 0, 0.1 * v, v), -0.5, 2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

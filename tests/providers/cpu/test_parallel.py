@@ -79,3 +79,23 @@ def test_a_forked_child_starts_its_own_helpers():
     got = os.read(r, 2)
     os.waitpid(pid, 0)
     assert got == b"ok"
+
+
+def test_the_caller_returns_only_after_a_helper_s_slow_last_chunk():
+    """The caller's wait (a lock the last chunk releases) covers a chunk that a
+    helper finishes after the caller ran out of chunks; repeated jobs reuse
+    the helpers and each waits for its own chunks only."""
+    import time
+
+    for _ in range(20):
+        ended = []
+        lock = threading.Lock()
+
+        def fn(i):
+            if threading.current_thread() is not threading.main_thread():
+                time.sleep(0.002)  # the helper's chunk ends last
+            with lock:
+                ended.append(i)
+
+        _parallel.run_chunks(fn, 2, 2)
+        assert sorted(ended) == [0, 1]

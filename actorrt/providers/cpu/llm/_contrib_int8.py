@@ -60,7 +60,7 @@ By stage (this module is the entry point; the others are its parts):
 * :mod:`._int8_quant` -- the activations' per-block quantization;
 * :mod:`._int8_tiles` -- the CPU check (:data:`HAVE_INT8_DOT`), the LLVM IR
   tile kernels and the column-chunk driver ``_cols``;
-* :mod:`._int8_panel` -- from 8 rows, 4-bit: a chunk's weights unpacked once
+* :mod:`._int8_panel` -- from 32 rows, 4-bit: a chunk's weights unpacked once
   into an int8 panel, 4 x 8 tiles against it (the tiles' bits);
 * here -- the weight layouts (:func:`pack_i8`, in huge-page slabs) and the
   dispatch (:func:`gemm_i8`: one thread or column chunks over the team).

@@ -33,8 +33,13 @@ import numpy as np
 from . import _int8_tiles as _t
 
 #: from this many rows (and 4-bit weights with zero points) _cols runs the
-#: panel tiles; 0: never (for comparisons)
-PANEL_MIN_ROWS = 8
+#: panel tiles; 0: never (for comparisons). 32, not 8: in the engine a decode
+#: batch streams its weights from memory, and building the panel (a write of
+#: the streamed weights, without the decode tiles' prefetch) cost more than
+#: its tiles saved: 8-stream decode 1.03-1.34x faster at 32 than at 8 (4
+#: interleaved rounds, idle machine, docs/int8_tiles.md), prompts (64-row
+#: work items) unchanged
+PANEL_MIN_ROWS = 32
 #: rows per pass over a chunk's panel (their activations stay in L2)
 PANEL_ROWS = 256
 

@@ -224,6 +224,31 @@ if _i8.HAVE_INT8_DOT:
                 spins = _spin.backoff(spins)
         _timed(ctr, stage, t1)
 
+    @njit(fastmath=True, nogil=True, cache=True)
+    def prompt_attention(stage, ctr, query, pk, pv, bt, cos, sin, pos, past, tot, pairs,
+                         kv_heads, g, d, r2, rotary, interleaved, alpha, window,
+                         attn):  # pragma: no cover - compiled
+        """A stage program's prompt-attention stage (S > 1, the new keys already
+        appended): this thread claims (batch row, KV head, query tile) items of
+        ``stage`` (:func:`._flash.item`) and attends them tiled
+        (:func:`._flash.attend_tile`) into attn (B, S, H * D) float32; bt is
+        the block table (empty: a contiguous cache). Returns the stage's item
+        count (what its barrier waits for). Shared by this module's block and
+        :mod:`._block_variants`'."""
+        s_len = attn.shape[1]
+        f_q, f_k, f_v, f_s, f_m, f_d, f_a = _fl.scratch(g, d)
+        items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
+        while True:
+            c = _claim(ctr, stage)
+            if c >= items:
+                break
+            b, kh, q0b, q0, q1 = _fl.item(c, pairs, s_len, kv_heads, past)
+            _fl.attend_tile(query, pk, pv, bt, cos, sin, pos, past, tot, b, kh, g, d, r2,
+                            rotary, interleaved, alpha, window, q0b, q0, q1, f_q, f_k, f_v,
+                            f_s, f_m, f_d, f_a, attn)
+            _done(ctr, stage)
+        return items
+
     # The int8 decoder block as one parallel region: every thread runs the
     # same stage program (_program) and claims chunks of each stage (column
     # ranges of the projections, (batch row, KV head) pairs of attention, the
@@ -399,17 +424,9 @@ if _i8.HAVE_INT8_DOT:
             _done(ctr, 2)
         _wait_warm(ctr, 2, units, ow, nw, pf)
         if s_len > 1:  # 2b. per (batch row, KV head, query tile), the new keys appended
-            f_q, f_k, f_v, f_s, f_m, f_d, f_a = _fl.scratch(g, d)
-            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
-            while True:
-                c = _claim(ctr, 10)
-                if c >= items:
-                    break
-                b, kh, q0b, q0, q1 = _fl.item(c, pairs, s_len, kv_heads, past)
-                _fl.attend_tile(query, pk, pv, bt, cos, sin, pos, past, tot, b, kh, g, d, r2,
-                                rotary, interleaved, alpha, window, q0b, q0, q1, f_q, f_k, f_v,
-                                f_s, f_m, f_d, f_a, attn)
-                _done(ctr, 10)
+            items = prompt_attention(10, ctr, query, pk, pv, bt, cos, sin, pos, past, tot,
+                                     pairs, kv_heads, g, d, r2, rotary, interleaved, alpha,
+                                     window, attn)
             _wait_warm(ctr, 10, items, ow, nw, pf)
         # 3. (merge the spans,) quantize the attention output; 4. o projection
         a2 = attn.reshape(m, attn.shape[2])

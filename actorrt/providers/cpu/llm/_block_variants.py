@@ -45,7 +45,6 @@ if _i8.HAVE_INT8_DOT:
     from numba import njit, prange
 
     from . import _contrib_int8_b16 as _b16
-    from . import _flash as _fl
 
     _claim, _done, _wait, _wait_warm = _bk._claim, _bk._done, _bk._wait, _bk._wait_warm
 
@@ -216,18 +215,10 @@ if _i8.HAVE_INT8_DOT:
             _done(ctr, 2)
         _wait_warm(ctr, 2, units, ow, nw, pf)
         if s_len > 1:  # 2b. per (batch row, KV head, query tile), the new keys appended
-            f_q, f_k, f_v, f_s, f_m, f_d, f_a = _fl.scratch(g, d)
             no_table = np.zeros((0, 1), np.int32)  # contiguous: a pool block is a batch row
-            items = pairs * ((s_len + _fl.TQ - 1) // _fl.TQ + 1)
-            while True:
-                c = _claim(ctr, 11)
-                if c >= items:
-                    break
-                b, kh, q0b, q0, q1 = _fl.item(c, pairs, s_len, kv_heads, past)
-                _fl.attend_tile(query, pk, pv, no_table, cos, sin, pos, past, tot, b, kh, g, d,
-                                r2, rotary, interleaved, alpha, window, q0b, q0, q1, f_q, f_k,
-                                f_v, f_s, f_m, f_d, f_a, attn)
-                _done(ctr, 11)
+            items = _bk.prompt_attention(11, ctr, query, pk, pv, no_table, cos, sin, pos, past,
+                                         tot, pairs, kv_heads, g, d, r2, rotary, interleaved,
+                                         alpha, window, attn)
             _wait_warm(ctr, 11, items, ow, nw, pf)
         # 3. (merge the spans,) quantize the attention output; 4. o projection
         a2 = attn.reshape(m, attn.shape[2])

@@ -195,6 +195,21 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def _sgemm():
+    """:mod:`._sgemm_numba` when its kernel can run here and is switched on, else None."""
+    global _SGEMM
+    if _SGEMM is None:
+        try:
+            from . import _sgemm_numba as sg
+            _SGEMM = sg if sg.HAVE_SGEMM else False
+        except ImportError:  # pragma: no cover - numba missing
+            _SGEMM = False
+    return _SGEMM if _SGEMM is not False and _SGEMM.ENABLED else None
+
+
+_SGEMM = None
+
+
 class ConstantOperand:
     """A constant float32/float64 right operand ``b`` ``(K, N)`` of
     :func:`matmul`, with the transposed layout for one-row products when that
@@ -207,7 +222,7 @@ class ConstantOperand:
     one-row call (two threads racing build it twice; either copy is right).
     """
 
-    __slots__ = ("b", "transposed", "_bt")
+    __slots__ = ("b", "transposed", "_bt", "_packed")
 
     def __init__(self, b: np.ndarray):
         self.b = b
@@ -215,6 +230,32 @@ class ConstantOperand:
         self.transposed = (b.dtype in (np.float32, np.float64) and k > n
                            and k * n >= GEMV_T_MIN_ELEMENTS)
         self._bt: np.ndarray | None = None
+        # the compiled sgemm's panels (:mod:`._sgemm_numba`), made on the
+        # first float32 call; False: that kernel does not apply
+        self._packed = None if b.dtype == np.float32 else False
+
+    def compiled(self, a: np.ndarray, bias: np.ndarray | None = None,
+                 act: str = "") -> np.ndarray | None:
+        """``act(a @ b + bias)`` by the compiled float32 GEMM
+        (:func:`._sgemm_numba.gemm`: ``b`` packed on the first call, the bias
+        and activation in its store), a fresh array ``(..., M, N)``; None
+        (nothing done) when that kernel does not apply: no AVX-512 / numba,
+        switched off (``_sgemm_numba.ENABLED``), ``a`` or ``bias`` not
+        float32 (``bias`` must be ``(N,)``), ``a``'s last dim not ``K``, or an
+        activation other than ``""`` / ``"Relu"`` / ``"Gelu"``."""
+        packed = self._packed
+        if packed is False or a.dtype != np.float32 or a.ndim < 1 or \
+                a.shape[-1] != self.b.shape[0] or act not in ("", "Relu", "Gelu"):
+            return None
+        if bias is not None and (bias.dtype != np.float32 or bias.ndim != 1 or
+                                 bias.shape[0] != self.b.shape[1]):
+            return None
+        sg = _sgemm()
+        if sg is None:
+            return None
+        if packed is None:
+            packed = self._packed = sg.PackedB(np.ascontiguousarray(self.b))
+        return sg.gemm(a, packed, bias, act, _threads.current())
 
     @property
     def transposed_copy(self) -> np.ndarray | None:
@@ -222,6 +263,9 @@ class ConstantOperand:
         return self._bt
 
     def product(self, a: np.ndarray) -> np.ndarray:
+        y = self.compiled(a)
+        if y is not None:
+            return y
         b = self.b
         k = b.shape[0]
         if not self.transposed or a.ndim < 2 or a.size != k or a.shape[-1] != k or \

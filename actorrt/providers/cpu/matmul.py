@@ -95,7 +95,7 @@ class MatMul(Kernel):
         dt = _input_dtype(self.node, 0)
         if dt in _BLAS_DTYPES and ra is not None and rb is not None and ra >= 2 and rb >= 2:
             const = self.constant_b
-            if const is not None and const.transposed:
+            if const is not None:
                 def product(a, b):
                     return const.product(a) if b is const.b else _product(a, b)
                 return product
@@ -134,6 +134,10 @@ class Gemm(Kernel):
         self.trans_b = bool(node.attr("transB", 0))
         self.packed_b: np.ndarray | None = None
         self.scaled_c: np.ndarray | None = None
+        # the compiled float32 GEMM of a constant B (its bias row: a constant
+        # C of N values, alpha 1): ``_matmul_split.ConstantOperand.compiled``
+        self._const: _matmul_split.ConstantOperand | None = None
+        self._bias_row: np.ndarray | None = None
 
     def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
         b = constants.get(1)
@@ -150,8 +154,33 @@ class Gemm(Kernel):
                     ca = ca * (self.beta if ca.dtype.kind in "iu" else ca.dtype.type(self.beta))
                 shared["scaled_c"] = ca
             self.scaled_c = shared["scaled_c"]
+        pb = self.packed_b
+        if pb is not None and pb.dtype == np.float32 and pb.ndim == 2 and self.alpha == 1.0:
+            if "constant_op" not in shared:
+                shared["constant_op"] = _matmul_split.ConstantOperand(pb)
+            self._const = shared["constant_op"]
+            sc = self.scaled_c
+            if sc is not None and sc.dtype == np.float32 and sc.size == pb.shape[1] and \
+                    (sc.ndim == 1 or sc.shape == (1, pb.shape[1])):
+                self._bias_row = np.ascontiguousarray(sc.reshape(-1))
+
+    def _compiled(self, a, c):
+        """The compiled path's result (None: it does not apply to this call)."""
+        if a.dtype != np.float32 or a.ndim != 2:
+            return None
+        if self._bias_row is not None:
+            bias = self._bias_row
+        elif self.scaled_c is None and (c is None or self.beta == 0):
+            bias = None
+        else:
+            return None
+        return self._const.compiled(a.T if self.trans_a else a, bias)
 
     def run(self, a, b, c=None):
+        if self._const is not None:
+            y = self._compiled(a, c)
+            if y is not None:
+                return y
         out_dtype = a.dtype
         integer = out_dtype.kind in "iu"
         aa = _compute(a)
@@ -229,6 +258,7 @@ class MatMulEpilogue(Kernel):
         super().__init__(node)
         self._act = _epilogue.activation(node.attr("activation", ""))
         self._gelu = node.attr("activation", "") == "Gelu"
+        self._act_name = node.attr("activation", "")
         self.constant_b: _matmul_split.ConstantOperand | None = None
 
     def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
@@ -237,6 +267,10 @@ class MatMulEpilogue(Kernel):
     def run(self, a, b, bias):
         const = self.constant_b
         if const is not None and b is const.b:
+            if self._act_name in ("", "Relu", "Gelu") and bias.ndim == 1:
+                y = const.compiled(a, bias, self._act_name)  # one pass: bias + act in the store
+                if y is not None:
+                    return y
             y = const.product(a) if a.dtype == b.dtype else np.matmul(a, b)
         else:
             y = _product(a, b) if a.dtype in _BLAS_DTYPES and a.dtype == b.dtype \

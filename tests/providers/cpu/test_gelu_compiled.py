@@ -71,10 +71,14 @@ def test_compiled_gelu_declines_what_it_cannot_take():
 def test_matmul_bias_gelu_epilogue_matches_onnxruntime(rows, n, compiled, threads, monkeypatch):
     """MatMul + bias Add + Gelu (one MatMulEpilogue: the bias add and GELU in
     one compiled pass) against onnxruntime, split by rows only at 2 threads on
-    large outputs."""
+    large outputs. (The BLAS product's epilogue: the compiled sgemm, which
+    applies the GELU in its own store, is switched off here and tested in
+    test_sgemm_compiled.py.)"""
     if compiled and not _gelu_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
     from onnx import numpy_helper
+    from actorrt.providers.cpu import _sgemm_numba
+    monkeypatch.setattr(_sgemm_numba, "ENABLED", False)
     monkeypatch.setattr(_epilogue, "COMPILED_GELU", compiled)
     k = 24
     w = RNG.standard_normal((k, n)).astype(np.float32)

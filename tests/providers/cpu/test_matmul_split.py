@@ -33,6 +33,13 @@ def two_threads(monkeypatch):
         _threads.apply(before[0] if before else 1)
 
 
+@pytest.fixture
+def blas_only(monkeypatch):
+    """The compiled float32 GEMM (``_sgemm_numba``) off: the BLAS paths."""
+    from actorrt.providers.cpu import _sgemm_numba
+    monkeypatch.setattr(_sgemm_numba, "ENABLED", False)
+
+
 def _chunks_seen(monkeypatch):
     seen = []
     real = _parallel.run_chunks
@@ -212,7 +219,7 @@ def test_matmul_other_dtypes_equal_onnxruntime(dt, tp, threads):
                                               ((1, 1, 1, 300), (300, 200))])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_constant_operand_one_row_uses_the_transposed_copy(a_shape, b_shape, dt, threads, forced,
-                                                           two_threads, monkeypatch):
+                                                           two_threads, blas_only, monkeypatch):
     if threads == 1:
         _threads.apply(1)
         monkeypatch.setattr(_threads, "current", lambda: 1)
@@ -244,10 +251,11 @@ def test_constant_operand_keeps_the_layout_when_k_is_not_larger():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_shaped_matmul_and_epilogue_models_equal_onnxruntime(threads):
+def test_decode_shaped_matmul_and_epilogue_models_equal_onnxruntime(threads, blas_only):
     """One-row MatMul and MatMul + bias (+ Gelu) against constant K > N weights
     (the FFN down-projection of a decode step), then the same session at
-    several rows: onnxruntime's values, the transposed copy made by the plan."""
+    several rows: onnxruntime's values, the transposed copy made by the plan
+    (the BLAS path: the compiled sgemm switched off)."""
     k, n = 1031, 259
     w = RNG.standard_normal((k, n)).astype(np.float32) / 30
     c = RNG.standard_normal(n).astype(np.float32)

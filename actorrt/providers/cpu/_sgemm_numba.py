@@ -1,0 +1,347 @@
+"""A compiled float32 GEMM for constant right operands: AVX-512 register tiles
+written as LLVM IR through numba intrinsics, bias and activation applied in
+the tile's store.
+
+Why: numpy's OpenBLAS runs its Haswell (AVX2) sgemm on this machine's
+setting (``OPENBLAS_CORETYPE=Haswell``), about half of the AVX-512 peak,
+and pays a separate numpy pass for every bias / activation. The constant
+``B`` ``(K, N)`` of a MatMul / Gemm / MatMulEpilogue is packed once into
+``ceil(N / 32)`` column panels ``(K, 32)`` (zero padded); a tile is ``r``
+rows of ``A`` (``r`` <= 8) times one panel: 2 x ``r`` ``<16 x float>``
+accumulators over the whole ``K`` (``A`` scalars broadcast, one FMA per
+accumulator per ``k``), then ``+ bias``, the activation (none / Relu /
+erf-GELU with :data:`.math.ERF32_RATIONAL`), and a masked store of the
+panel's real columns. Rows are taken in blocks whose ``A`` stays in L2,
+every panel of a block at a time (the panel, 32 ``K``-floats wide, stays in
+L1 across the block's tiles).
+
+Measured (one thread, this machine, interleaved with numpy's OpenBLAS):
+64 x 1024 x 1024 0.64 vs 1.8 ms (210 vs ~75 GFLOP/s); one row (a decode
+step's GEMV) 256 x 768 7.9 vs 8.3 us, 1024 x 256 10 vs 25 us; every shape
+of the bench models at least as fast (docs/speed.md, round 7).
+
+Threads: :func:`gemm` splits the column panels into one contiguous range
+per intra-op thread on the help-first chunk loop (:func:`._parallel.run_chunks`)
+from :data:`PARALLEL_MIN_FLOPS`; below, one call on the caller.
+
+Available (:data:`HAVE_SGEMM`) with numba on an x86-64 host whose LLVM
+reports AVX-512F (no ``NUMBA_CPU_NAME`` override); otherwise the callers
+keep BLAS (:mod:`._matmul_split`).
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import platform
+
+import numpy as np
+
+from .math import ERF32_RATIONAL
+
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "PARALLEL_MIN_FLOPS", "ENABLED"]
+
+#: output columns per panel (two 16-float vectors)
+NR = 32
+#: activation name -> code of the tile epilogue
+ACT_CODES = {"": 0, "Relu": 1, "Gelu": 2}
+#: products of at least this many flops (2 M N K) are split over the intra-op
+#: threads (below, the hand-off through the chunk loop costs more than it saves)
+PARALLEL_MIN_FLOPS = 1 << 21
+#: the float32 A budget of a row block (bytes): the block's rows stay in L2
+_ROW_BLOCK_BYTES = 1 << 18
+#: switch for comparisons (False: every caller takes its BLAS path)
+ENABLED = True
+
+
+def _host_has_avx512() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        import numba
+        import llvmlite.binding as ll
+        if numba.config.CPU_NAME or numba.config.CPU_FEATURES:
+            return False  # compiling for another CPU: AVX-512 may not exist there
+        return bool(ll.get_host_cpu_features().get("avx512f", False))
+    except Exception:  # pragma: no cover - numba / llvmlite missing
+        return False
+
+
+HAVE_SGEMM = _host_has_avx512()
+
+if HAVE_SGEMM:
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _i1, _i32, _i64, _f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    _V = ir.VectorType
+    _V16 = _V(_f32, 16)
+    _P = [float(c) for c in ERF32_RATIONAL[0]]
+    _Q = [float(c) for c in ERF32_RATIONAL[1]]
+
+    def _i64v(builder, v):
+        return v if v.type == _i64 else builder.sext(v, _i64)
+
+    def _vptr(builder, base, index):
+        return builder.bitcast(builder.gep(base, [index]), _V16.as_pointer())
+
+    def _splat(builder, value, vty):
+        return builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vty, None), value, _i32(0)),
+            ir.Constant(vty, None), ir.Constant(_V(_i32, vty.count), [0] * vty.count))
+
+    def _cst(x):
+        return ir.Constant(_V16, [x] * 16)
+
+    def _gelu_ir(builder, fma, vmin, vmax, v):
+        # 0.5 v (1 + erf(v / sqrt 2)), erf as _gelu_numba._gelu (clamped rational)
+        u = builder.fmul(v, _cst(0.7071067811865476))
+        u = builder.call(vmax, [builder.call(vmin, [u, _cst(4.0)]), _cst(-4.0)])
+        u2 = builder.fmul(u, u)
+        pp = _cst(_P[0])
+        for c in _P[1:]:
+            pp = builder.call(fma, [pp, u2, _cst(c)])
+        qq = _cst(_Q[0])
+        for c in _Q[1:]:
+            qq = builder.call(fma, [qq, u2, _cst(c)])
+        e = builder.fdiv(builder.fmul(u, pp), qq)
+        return builder.fmul(builder.fmul(_cst(0.5), v), builder.fadd(_cst(1.0), e))
+
+    def _tile_codegen(rows):
+        def codegen(context, builder, sig, args):
+            def data(i):
+                return context.make_array(sig.args[i])(context, builder, args[i]).data
+            a, p, c, bias = data(0), data(3), data(6), data(9)
+            a_off, lda, p_off, k, c_off, ldc, b_off, ncols, act = (
+                _i64v(builder, args[i]) for i in (1, 2, 4, 5, 7, 8, 10, 11, 12))
+            mod = builder.module
+            fma = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.fma.v16f32")
+            vmax = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(_V16, [_V16, _V16]), "llvm.maxnum.v16f32")
+            vmin = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(_V16, [_V16, _V16]), "llvm.minnum.v16f32")
+            mstore = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(ir.VoidType(), [_V16, _V16.as_pointer(), _i32,
+                                                     _V(_i1, 16)]),
+                "llvm.masked.store.v16f32.p0")
+            zero = _cst(0.0)
+            entry = builder.block
+            loop = builder.append_basic_block("sgemm.loop")
+            done = builder.append_basic_block("sgemm.done")
+            builder.cbranch(builder.icmp_signed(">", k, _i64(0)), loop, done)
+            builder.position_at_end(loop)
+            kk = builder.phi(_i64)
+            kk.add_incoming(_i64(0), entry)
+            accs = [[builder.phi(_V16) for _ in range(2)] for _ in range(rows)]
+            for row in accs:
+                for phi in row:
+                    phi.add_incoming(zero, entry)
+            pb = builder.add(p_off, builder.mul(kk, _i64(NR)))
+            b0 = builder.load(_vptr(builder, p, pb), align=4)
+            b1 = builder.load(_vptr(builder, p, builder.add(pb, _i64(16))), align=4)
+            new = []
+            for r in range(rows):
+                at = builder.add(builder.add(a_off, builder.mul(lda, _i64(r))), kk)
+                sv = _splat(builder, builder.load(builder.gep(a, [at])), _V16)
+                new.append([builder.call(fma, [sv, b0, accs[r][0]]),
+                            builder.call(fma, [sv, b1, accs[r][1]])])
+            k1 = builder.add(kk, _i64(1))
+            kk.add_incoming(k1, loop)
+            for r in range(rows):
+                for h in range(2):
+                    accs[r][h].add_incoming(new[r][h], loop)
+            builder.cbranch(builder.icmp_signed("<", k1, k), loop, done)
+            builder.position_at_end(done)
+            fin = []
+            for r in range(rows):
+                pair = []
+                for h in range(2):
+                    phi = builder.phi(_V16)
+                    phi.add_incoming(zero, entry)
+                    phi.add_incoming(new[r][h], loop)
+                    pair.append(phi)
+                fin.append(pair)
+            iota = ir.Constant(_V(_i64, 16), list(range(16)))
+            masks = [builder.icmp_signed("<", iota, _splat(
+                builder, builder.sub(ncols, _i64(16 * h)), _V(_i64, 16))) for h in range(2)]
+            bvs = [builder.load(_vptr(builder, bias, builder.add(b_off, _i64(16 * h))), align=4)
+                   for h in range(2)]
+            vals = [[builder.fadd(fin[r][h], bvs[h]) for h in range(2)] for r in range(rows)]
+            # activation: 1 Relu, 2 GELU (branches: the GELU only where asked)
+            pre = builder.block
+            relu_bb = builder.append_basic_block("sgemm.relu")
+            gelu_bb = builder.append_basic_block("sgemm.gelu")
+            store_bb = builder.append_basic_block("sgemm.store")
+            sw = builder.switch(act, store_bb)
+            sw.add_case(_i64(1), relu_bb)
+            sw.add_case(_i64(2), gelu_bb)
+            builder.position_at_end(relu_bb)
+            relu = [[builder.call(vmax, [v, zero]) for v in row] for row in vals]
+            builder.branch(store_bb)
+            builder.position_at_end(gelu_bb)
+            gelu = [[_gelu_ir(builder, fma, vmin, vmax, v) for v in row] for row in vals]
+            builder.branch(store_bb)
+            builder.position_at_end(store_bb)
+            outs = []
+            for r in range(rows):  # every phi first
+                for h in range(2):
+                    phi = builder.phi(_V16)
+                    phi.add_incoming(vals[r][h], pre)
+                    phi.add_incoming(relu[r][h], relu_bb)
+                    phi.add_incoming(gelu[r][h], gelu_bb)
+                    outs.append(phi)
+            for r in range(rows):
+                crow = builder.add(c_off, builder.mul(ldc, _i64(r)))
+                for h in range(2):
+                    builder.call(mstore, [outs[2 * r + h],
+                                          _vptr(builder, c, builder.add(crow, _i64(16 * h))),
+                                          _i32(4), masks[h]])
+            return context.get_dummy_value()
+        return codegen
+
+    def _tile_intrinsic(rows):
+        def typer(typingctx, a, a_off, lda, p, p_off, k, c, c_off, ldc, bias, b_off, ncols, act):
+            return (types.void(a, a_off, lda, p, p_off, k, c, c_off, ldc, bias, b_off, ncols,
+                               act), _tile_codegen(rows))
+        typer.__name__ = f"_sgemm_tile{rows}"
+        return intrinsic(typer)
+
+    _t8, _t7, _t6, _t5, _t4, _t3, _t2, _t1 = (_tile_intrinsic(r) for r in range(8, 0, -1))
+
+    @njit(nogil=True, cache=True)
+    def _gemm_panels(a, p, bias, out, j0, j1, act, row_block):  # pragma: no cover - compiled
+        # out[:, panels j0..j1) = act(a @ B + bias); a (M, K), out (M, N)
+        # C-contiguous float32, p (NP, K, NR) the packed B, bias (NP * NR,)
+        m, k = a.shape
+        n = out.shape[1]
+        af = a.reshape(-1)
+        pf = p.reshape(-1)
+        cf = out.reshape(-1)
+        i0 = 0
+        while i0 < m:
+            i1 = min(m, i0 + row_block)
+            for j in range(j0, j1):
+                nc = min(NR, n - j * NR)
+                po = j * k * NR
+                bo = j * NR
+                i = i0
+                while i + 8 <= i1:
+                    _t8(af, i * k, k, pf, po, k, cf, i * n + bo, n, bias, bo, nc, act)
+                    i += 8
+                r = i1 - i
+                ao = i * k
+                co = i * n + bo
+                if r == 7:
+                    _t7(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 6:
+                    _t6(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 5:
+                    _t5(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 4:
+                    _t4(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 3:
+                    _t3(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 2:
+                    _t2(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+                elif r == 1:
+                    _t1(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
+            i0 = i1
+
+
+class PackedB:
+    """A constant float32 ``b`` ``(K, N)`` packed for :func:`gemm`: ``panels``
+    ``(ceil(N / 32), K, 32)`` zero padded, and the padded bias rows made
+    from it (:meth:`bias_row`).
+
+    Raises:
+        ValueError: ``b`` not 2-D float32.
+    """
+
+    __slots__ = ("k", "n", "panels", "_zero_bias", "_biases")
+
+    def __init__(self, b: np.ndarray):
+        if b.ndim != 2 or b.dtype != np.float32:
+            raise ValueError(f"PackedB needs a 2-D float32 matrix, got {b.dtype} {b.shape}")
+        k, n = b.shape
+        npan = -(-n // NR)
+        padded = np.zeros((k, npan * NR), np.float32)
+        padded[:, :n] = b
+        self.k, self.n = k, n
+        self.panels = np.ascontiguousarray(padded.reshape(k, npan, NR).transpose(1, 0, 2))
+        self._zero_bias = np.zeros(npan * NR, np.float32)
+        self._biases: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def bias_row(self, bias: np.ndarray | None) -> np.ndarray:
+        """``bias`` (``(N,)`` float32, or None: zeros) padded to the panels'
+        width; the copy of a given bias array is kept (constants repeat)."""
+        if bias is None:
+            return self._zero_bias
+        hit = self._biases.get(id(bias))
+        if hit is not None and hit[0] is bias:
+            return hit[1]
+        row = np.zeros(self.panels.shape[0] * NR, np.float32)
+        row[:self.n] = bias.reshape(-1)
+        if len(self._biases) < 8:
+            self._biases[id(bias)] = (bias, row)
+        return row
+
+
+def gemm(a: np.ndarray, packed: PackedB, bias: np.ndarray | None = None, act: str = "",
+         threads: int = 1) -> np.ndarray:
+    """``act(a @ B + bias)`` for float32 ``a`` ``(..., M, K)`` and the packed
+    ``B`` ``(K, N)``: a fresh C-contiguous float32 array ``(..., M, N)``.
+    ``bias``: float32 ``(N,)`` or None; ``act``: a key of :data:`ACT_CODES`;
+    ``threads``: intra-op threads (column panels split from
+    :data:`PARALLEL_MIN_FLOPS`).
+
+    Raises:
+        ValueError: ``a``'s last dim is not ``K``, a dtype is not float32, or
+        an unknown activation.
+    """
+    if not HAVE_SGEMM:  # pragma: no cover - callers check HAVE_SGEMM
+        raise RuntimeError("the compiled sgemm needs numba on an AVX-512 host")
+    k, n = packed.k, packed.n
+    if a.dtype != np.float32 or a.ndim < 1 or a.shape[-1] != k:
+        raise ValueError(f"gemm: a {a.dtype} {a.shape} does not match B ({k}, {n}) float32")
+    if act not in ACT_CODES:
+        raise ValueError(f"gemm: unknown activation {act!r}")
+    if bias is not None and (bias.dtype != np.float32 or bias.size != n):
+        raise ValueError(f"gemm: bias {bias.dtype} {bias.shape} is not float32 ({n},)")
+    lead = a.shape[:-1]
+    m = a.size // k if k else int(np.prod(lead))
+    out = np.empty(lead + (n,), np.float32)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        out[...] = 0 if bias is None else bias.reshape(-1)
+        return _epilogue_only(out, act)
+    a2 = np.ascontiguousarray(a.reshape(m, k))
+    out2 = out.reshape(m, n)
+    brow = packed.bias_row(bias)
+    code = ACT_CODES[act]
+    row_block = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
+    npan = packed.panels.shape[0]
+    parts = min(threads, npan) if 2 * m * n * k >= PARALLEL_MIN_FLOPS else 1
+    if parts <= 1:
+        _gemm_panels(a2, packed.panels, brow, out2, 0, npan, code, row_block)
+        return out
+    from . import _parallel
+    size = -(-npan // parts)
+
+    def chunk(i: int) -> None:
+        _gemm_panels(a2, packed.panels, brow, out2, i * size, min(npan, (i + 1) * size),
+                     code, row_block)
+    _parallel.run_chunks(chunk, -(-npan // size), parts)
+    return out
+
+
+def _epilogue_only(out: np.ndarray, act: str) -> np.ndarray:
+    if act == "Relu":
+        np.maximum(out, 0, out=out)
+    elif act == "Gelu":
+        from ._epilogue import gelu_inplace
+        gelu_inplace(out)
+    return out

@@ -1,0 +1,148 @@
+"""The compiled float32 GEMM of constant right operands (``_sgemm_numba``):
+packed panels times row tiles with bias and activation in the store, against
+numpy float64, odd sizes (partial panels, 1-7 row tails, K of 1), one and two
+threads (the panel split forced); its use by MatMul / Gemm / MatMulEpilogue
+against onnxruntime with it on and off (the BLAS path kept), and what it
+declines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP, helper, numpy_helper
+
+import actorrt
+from actorrt.providers.cpu import _matmul_split, _parallel, _sgemm_numba as sg
+
+RNG = np.random.default_rng(777)
+needs = pytest.mark.skipif(not sg.HAVE_SGEMM, reason="the compiled sgemm needs numba on AVX-512")
+_erf = np.vectorize(math.erf)
+
+
+def _ref(a, b, bias, act):
+    y = a.astype(np.float64) @ b.astype(np.float64)
+    if bias is not None:
+        y = y + bias
+    if act == "Relu":
+        y = np.maximum(y, 0)
+    elif act == "Gelu":
+        y = 0.5 * y * (1 + _erf(y / np.sqrt(2)))
+    return y
+
+
+SHAPES = [((64, 1024), 1024), ((13, 37), 45), ((1, 256), 768), ((3, 1), 17), ((130, 256), 1000),
+          ((9, 300), 33), ((2, 5, 7, 64), 96), ((1, 1, 1031), 259), ((8, 16), 32), ((600, 40), 70)]
+
+
+@needs
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ["", "Relu", "Gelu"])
+@pytest.mark.parametrize("a_shape,n", SHAPES)
+def test_gemm_equals_numpy_float64(a_shape, n, act, threads, monkeypatch):
+    if threads == 2:
+        monkeypatch.setattr(sg, "PARALLEL_MIN_FLOPS", 0)
+    seen = []
+    real = _parallel.run_chunks
+    monkeypatch.setattr(_parallel, "run_chunks",
+                        lambda fn, k, t: (seen.append(k), real(fn, k, t))[1])
+    k = a_shape[-1]
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    for bias in (None, RNG.standard_normal(n).astype(np.float32)):
+        got = sg.gemm(a, sg.PackedB(b), bias, act, threads)
+        want = _ref(a, b, bias, act)
+        assert got.shape == a_shape[:-1] + (n,) and got.dtype == np.float32
+        assert got.flags.c_contiguous
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert bool(seen) == (threads == 2 and n > sg.NR)
+
+
+@needs
+def test_gemm_of_strided_and_empty_operands():
+    b = RNG.standard_normal((40, 50)).astype(np.float32)
+    p = sg.PackedB(b)
+    a = RNG.standard_normal((40, 23)).astype(np.float32).T  # (23, 40), not contiguous
+    np.testing.assert_allclose(sg.gemm(a, p), _ref(a, b, None, ""), rtol=2e-5, atol=2e-5)
+    assert sg.gemm(np.zeros((0, 40), np.float32), p).shape == (0, 50)
+    z = sg.PackedB(np.zeros((0, 5), np.float32))
+    bias = RNG.standard_normal(5).astype(np.float32)
+    np.testing.assert_array_equal(sg.gemm(np.zeros((3, 0), np.float32), z, bias, "Relu"),
+                                  np.broadcast_to(np.maximum(bias, 0), (3, 5)))
+
+
+@needs
+def test_gemm_raises_typed_errors():
+    p = sg.PackedB(np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError):
+        sg.gemm(np.ones((2, 5), np.float32), p)
+    with pytest.raises(ValueError):
+        sg.gemm(np.ones((2, 4), np.float64), p)
+    with pytest.raises(ValueError):
+        sg.gemm(np.ones((2, 4), np.float32), p, act="Tanh")
+    with pytest.raises(ValueError):
+        sg.gemm(np.ones((2, 4), np.float32), p, np.ones(4, np.float32))
+    with pytest.raises(ValueError):
+        sg.PackedB(np.ones((4, 3), np.float64))
+
+
+def test_constant_operand_declines_what_the_kernel_cannot_take(monkeypatch):
+    b = RNG.standard_normal((16, 8)).astype(np.float32)
+    c = _matmul_split.ConstantOperand(b)
+    assert c.compiled(np.ones((2, 16), np.float64)) is None          # dtype
+    assert c.compiled(np.ones((2, 15), np.float32)) is None          # K
+    assert c.compiled(np.ones((2, 16), np.float32), act="Tanh") is None
+    assert c.compiled(np.ones((2, 16), np.float32), np.ones((1, 8), np.float32)) is None
+    assert _matmul_split.ConstantOperand(b.astype(np.float64)).compiled(np.ones((2, 16))) is None
+    monkeypatch.setattr(sg, "ENABLED", False)
+    assert c.compiled(np.ones((2, 16), np.float32)) is None
+    monkeypatch.setattr(sg, "ENABLED", True)
+    got = c.compiled(np.ones((2, 16), np.float32))
+    assert (got is None) == (not sg.HAVE_SGEMM)
+
+
+def _model(nodes, inputs, inits):
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def _both(model, feeds, threads):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    want = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
+        got = s.run(None, feeds)[0]
+    return got, want
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", [(64, 512, 257), (1, 300, 700), (5, 33, 31)])
+def test_models_equal_onnxruntime(m, k, n, threads, enabled, monkeypatch):
+    monkeypatch.setattr(sg, "ENABLED", enabled)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    w = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    wt = np.ascontiguousarray(w.T)
+    c = RNG.standard_normal(n).astype(np.float32)
+    xi = [helper.make_tensor_value_info("a", TP.FLOAT, [m, k])]
+    models = [
+        _model([helper.make_node("Gemm", ["a", "w", "c"], ["y"])], xi,
+               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")]),
+        _model([helper.make_node("Gemm", ["a", "w"], ["y"], transB=1)], xi, [numpy_helper.from_array(wt, "w")]),
+        _model([helper.make_node("Gemm", ["a", "w", "c"], ["y"], alpha=0.5)], xi,
+               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c.reshape(1, n), "c")]),
+        _model([helper.make_node("MatMul", ["a", "w"], ["y"])], xi, [numpy_helper.from_array(w, "w")]),
+        _model([helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["q"]),
+                helper.make_node("Relu", ["q"], ["y"])], xi,
+               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")]),
+        _model([helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "c"], ["q"]),
+                helper.make_node("Gelu", ["q"], ["y"], domain="com.microsoft")], xi,
+               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(c, "c")]),
+    ]
+    for model in models:
+        got, want = _both(model, {"a": a}, threads)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -39,7 +39,8 @@ import numpy as np
 
 from .math import ERF32_RATIONAL
 
-__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "PARALLEL_MIN_FLOPS", "ENABLED"]
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "gemm_panels_range",
+           "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "USE_PARTNERS", "ENABLED"]
 
 #: output columns per panel (two 16-float vectors)
 NR = 32
@@ -48,6 +49,11 @@ ACT_CODES = {"": 0, "Relu": 1, "Gelu": 2}
 #: products of at least this many flops (2 M N K) are split over the intra-op
 #: threads (below, the hand-off through the chunk loop costs more than it saves)
 PARALLEL_MIN_FLOPS = 1 << 21
+#: with compiled partner threads (:mod:`._partner`, no Python hand-off) the
+#: split starts at this many flops
+PARTNER_MIN_FLOPS = 1 << 17
+#: split through the compiled partners (False: the Python chunk loop)
+USE_PARTNERS = True
 #: the float32 A budget of a row block (bytes): the block's rows stay in L2
 _ROW_BLOCK_BYTES = 1 << 18
 #: switch for comparisons (False: every caller takes its BLAS path)
@@ -212,7 +218,7 @@ if HAVE_SGEMM:
     _t8, _t7, _t6, _t5, _t4, _t3, _t2, _t1 = (_tile_intrinsic(r) for r in range(8, 0, -1))
 
     @njit(nogil=True, cache=True)
-    def _gemm_panels(a, p, bias, out, j0, j1, act, row_block):  # pragma: no cover - compiled
+    def gemm_panels_range(a, p, bias, out, j0, j1, act, row_block):  # pragma: no cover - compiled
         # out[:, panels j0..j1) = act(a @ B + bias); a (M, K), out (M, N)
         # C-contiguous float32, p (NP, K, NR) the packed B, bias (NP * NR,)
         m, k = a.shape
@@ -324,15 +330,23 @@ def gemm(a: np.ndarray, packed: PackedB, bias: np.ndarray | None = None, act: st
     code = ACT_CODES[act]
     row_block = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
     npan = packed.panels.shape[0]
-    parts = min(threads, npan) if 2 * m * n * k >= PARALLEL_MIN_FLOPS else 1
+    flops = 2 * m * n * k
+    if threads > 1 and USE_PARTNERS and flops >= PARTNER_MIN_FLOPS and npan > 1:
+        from . import _partner
+        team = _partner.team(threads)
+        if team is not None:
+            _partner.gemm_panels(team, a2, packed.panels, brow, out2, code, row_block,
+                                 min(npan, 2 * threads))
+            return out
+    parts = min(threads, npan) if flops >= PARALLEL_MIN_FLOPS else 1
     if parts <= 1:
-        _gemm_panels(a2, packed.panels, brow, out2, 0, npan, code, row_block)
+        gemm_panels_range(a2, packed.panels, brow, out2, 0, npan, code, row_block)
         return out
     from . import _parallel
     size = -(-npan // parts)
 
     def chunk(i: int) -> None:
-        _gemm_panels(a2, packed.panels, brow, out2, i * size, min(npan, (i + 1) * size),
+        gemm_panels_range(a2, packed.panels, brow, out2, i * size, min(npan, (i + 1) * size),
                      code, row_block)
     _parallel.run_chunks(chunk, -(-npan // size), parts)
     return out

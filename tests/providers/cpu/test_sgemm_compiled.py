@@ -38,12 +38,16 @@ SHAPES = [((64, 1024), 1024), ((13, 37), 45), ((1, 256), 768), ((3, 1), 17), ((1
 
 
 @needs
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads,partners", [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("act", ["", "Relu", "Gelu"])
 @pytest.mark.parametrize("a_shape,n", SHAPES)
-def test_gemm_equals_numpy_float64(a_shape, n, act, threads, monkeypatch):
+def test_gemm_equals_numpy_float64(a_shape, n, act, threads, partners, monkeypatch):
+    """One thread; two through the Python chunk loop; two through the
+    compiled partners (``_partner``, tested on their own in test_partner.py)."""
+    monkeypatch.setattr(sg, "USE_PARTNERS", partners)
     if threads == 2:
         monkeypatch.setattr(sg, "PARALLEL_MIN_FLOPS", 0)
+        monkeypatch.setattr(sg, "PARTNER_MIN_FLOPS", 0)
     seen = []
     real = _parallel.run_chunks
     monkeypatch.setattr(_parallel, "run_chunks",
@@ -57,7 +61,7 @@ def test_gemm_equals_numpy_float64(a_shape, n, act, threads, monkeypatch):
         assert got.shape == a_shape[:-1] + (n,) and got.dtype == np.float32
         assert got.flags.c_contiguous
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
-    assert bool(seen) == (threads == 2 and n > sg.NR)
+    assert bool(seen) == (threads == 2 and n > sg.NR and not partners)
 
 
 @needs

@@ -255,7 +255,7 @@ class ConstantOperand:
             return None
         if packed is None:
             packed = self._packed = sg.PackedB(np.ascontiguousarray(self.b))
-        return sg.gemm(a, packed, bias, act, _threads.current())
+        return sg.run(a, packed, bias, sg.ACT_CODES[act], _threads.current())
 
     @property
     def transposed_copy(self) -> np.ndarray | None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from .math import ERF32_RATIONAL
 
-__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "gemm_panels_range",
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "run", "gemm_panels_range",
            "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "USE_PARTNERS", "ENABLED"]
 
 #: output columns per panel (two 16-float vectors)
@@ -266,7 +266,7 @@ class PackedB:
         ValueError: ``b`` not 2-D float32.
     """
 
-    __slots__ = ("k", "n", "panels", "_zero_bias", "_biases")
+    __slots__ = ("k", "n", "panels", "row_block", "_zero_bias", "_biases")
 
     def __init__(self, b: np.ndarray):
         if b.ndim != 2 or b.dtype != np.float32:
@@ -276,6 +276,8 @@ class PackedB:
         padded = np.zeros((k, npan * NR), np.float32)
         padded[:, :n] = b
         self.k, self.n = k, n
+        #: rows of A per block (its float32 rows within _ROW_BLOCK_BYTES, L2)
+        self.row_block = max(8, (_ROW_BLOCK_BYTES // (4 * max(k, 1))) // 8 * 8)
         self.panels = np.ascontiguousarray(padded.reshape(k, npan, NR).transpose(1, 0, 2))
         self._zero_bias = np.zeros(npan * NR, np.float32)
         self._biases: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -316,46 +318,59 @@ def gemm(a: np.ndarray, packed: PackedB, bias: np.ndarray | None = None, act: st
         raise ValueError(f"gemm: unknown activation {act!r}")
     if bias is not None and (bias.dtype != np.float32 or bias.size != n):
         raise ValueError(f"gemm: bias {bias.dtype} {bias.shape} is not float32 ({n},)")
-    lead = a.shape[:-1]
-    m = a.size // k if k else int(np.prod(lead))
-    out = np.empty(lead + (n,), np.float32)
+    return run(a, packed, bias, ACT_CODES[act], threads)
+
+
+def run(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, code: int,
+        threads: int) -> np.ndarray:
+    """:func:`gemm` without its checks (the caller made them; ``code`` an
+    :data:`ACT_CODES` value): the per-call path of the kernels."""
+    k, n = packed.k, packed.n
+    if a.ndim == 2 and a.flags.c_contiguous:
+        m = a.shape[0]
+        a2 = a
+        out = out2 = np.empty((m, n), np.float32)
+    else:
+        lead = a.shape[:-1]
+        m = a.size // k if k else int(np.prod(lead))
+        out = np.empty(lead + (n,), np.float32)
+        a2 = np.ascontiguousarray(a.reshape(m, k)) if m and k else a
+        out2 = out.reshape(m, n)
     if m == 0 or n == 0:
         return out
     if k == 0:
         out[...] = 0 if bias is None else bias.reshape(-1)
-        return _epilogue_only(out, act)
-    a2 = np.ascontiguousarray(a.reshape(m, k))
-    out2 = out.reshape(m, n)
+        return _epilogue_only(out, code)
     brow = packed.bias_row(bias)
-    code = ACT_CODES[act]
-    row_block = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
     npan = packed.panels.shape[0]
-    flops = 2 * m * n * k
-    if threads > 1 and USE_PARTNERS and flops >= PARTNER_MIN_FLOPS and npan > 1:
-        from . import _partner
-        team = _partner.team(threads)
-        if team is not None:
-            _partner.gemm_panels(team, a2, packed.panels, brow, out2, code, row_block,
-                                 min(npan, 2 * threads))
-            return out
-    parts = min(threads, npan) if flops >= PARALLEL_MIN_FLOPS else 1
-    if parts <= 1:
-        gemm_panels_range(a2, packed.panels, brow, out2, 0, npan, code, row_block)
-        return out
-    from . import _parallel
-    size = -(-npan // parts)
+    if threads > 1 and npan > 1:
+        flops = 2 * m * n * k
+        if USE_PARTNERS and flops >= PARTNER_MIN_FLOPS:
+            from . import _partner
+            team = _partner.team(threads)
+            if team is not None:
+                _partner.gemm_panels(team, a2, packed.panels, brow, out2, code, packed.row_block,
+                                     min(npan, 2 * threads))
+                return out
+        if flops >= PARALLEL_MIN_FLOPS:
+            from . import _parallel
+            parts = min(threads, npan)
+            size = -(-npan // parts)
+            rb = packed.row_block
 
-    def chunk(i: int) -> None:
-        gemm_panels_range(a2, packed.panels, brow, out2, i * size, min(npan, (i + 1) * size),
-                     code, row_block)
-    _parallel.run_chunks(chunk, -(-npan // size), parts)
+            def chunk(i: int) -> None:
+                gemm_panels_range(a2, packed.panels, brow, out2, i * size,
+                                  min(npan, (i + 1) * size), code, rb)
+            _parallel.run_chunks(chunk, -(-npan // size), parts)
+            return out
+    gemm_panels_range(a2, packed.panels, brow, out2, 0, npan, code, packed.row_block)
     return out
 
 
-def _epilogue_only(out: np.ndarray, act: str) -> np.ndarray:
-    if act == "Relu":
+def _epilogue_only(out: np.ndarray, code: int) -> np.ndarray:
+    if code == 1:
         np.maximum(out, 0, out=out)
-    elif act == "Gelu":
+    elif code == 2:
         from ._epilogue import gelu_inplace
         gelu_inplace(out)
     return out

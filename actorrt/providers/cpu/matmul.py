@@ -164,6 +164,9 @@ class Gemm(Kernel):
                     (sc.ndim == 1 or sc.shape == (1, pb.shape[1])):
                 self._bias_row = np.ascontiguousarray(sc.reshape(-1))
 
+    #: the activation the compiled path applies in its store ("" / "Relu" / "Gelu")
+    _store_act = ""
+
     def _compiled(self, a, c):
         """The compiled path's result (None: it does not apply to this call)."""
         if a.dtype != np.float32 or a.ndim != 2:
@@ -174,13 +177,16 @@ class Gemm(Kernel):
             bias = None
         else:
             return None
-        return self._const.compiled(a.T if self.trans_a else a, bias)
+        return self._const.compiled(a.T if self.trans_a else a, bias, self._store_act)
 
     def run(self, a, b, c=None):
         if self._const is not None:
             y = self._compiled(a, c)
             if y is not None:
                 return y
+        return self._run_blas(a, b, c)
+
+    def _run_blas(self, a, b, c=None):
         out_dtype = a.dtype
         integer = out_dtype.kind in "iu"
         aa = _compute(a)
@@ -227,11 +233,19 @@ class FusedGemm(Gemm):
     def __init__(self, node: NodeSpec):
         super().__init__(node)
         from ._conv_util import decode_str
-        self._act = _epilogue.activation(decode_str(node.attr("activation"), ""),
-                                         node.attr("activation_params") or ())
+        name = decode_str(node.attr("activation"), "")
+        self._act = _epilogue.activation(name, node.attr("activation_params") or ())
+        if name in ("Relu", "Gelu"):  # parameterless: applied in the compiled GEMM's store
+            self._store_act = name
 
     def run(self, a, b, c=None):
-        y = super().run(a, b, c)
+        if self._const is not None and self._store_act:
+            y = self._compiled(a, c)
+            if y is not None:
+                return y
+            y = self._run_blas(a, b, c)
+        else:
+            y = super().run(a, b, c)
         if y.dtype.kind != "f":
             raise ValueError(f"FusedGemm needs float inputs, got {y.dtype}")
         return self._act(y)

@@ -330,6 +330,11 @@ def run(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, code: int,
         m = a.shape[0]
         a2 = a
         out = out2 = np.empty((m, n), np.float32)
+    elif k and a.flags.c_contiguous:  # (..., M, K) rows as one matrix, views only
+        m = a.size // k
+        a2 = a.reshape(m, k)
+        out = np.empty(a.shape[:-1] + (n,), np.float32)
+        out2 = out.reshape(m, n)
     else:
         lead = a.shape[:-1]
         m = a.size // k if k else int(np.prod(lead))

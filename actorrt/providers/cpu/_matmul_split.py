@@ -136,7 +136,8 @@ def run_batched(fn, operands, out: np.ndarray, threads: int) -> None:
 
 
 def _matmul_out(a, b, *, out):
-    np.matmul(a, b, out=out)
+    if batched_f32(a, b, out) is None:
+        np.matmul(a, b, out=out)
 
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -146,7 +147,10 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     shape; ``ValueError`` (numpy's) on mismatched shapes."""
     threads = _threads.current()
     if threads <= 1 or a.ndim < 1 or b.ndim < 1:
-        return matmul_rows(a, b) if b.ndim == 2 else np.matmul(a, b)
+        if b.ndim == 2:
+            return matmul_rows(a, b)
+        y = batched_f32(a, b)
+        return y if y is not None else np.matmul(a, b)
     if a.ndim == 1 or b.ndim == 1:
         if a.ndim == 1 and b.ndim == 2:  # a GEMV (1-D times matrix)
             out = matmul(a.reshape(1, -1), b)
@@ -182,6 +186,9 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = matmul(a.reshape(m, k), b.reshape(k, n))
         return out.reshape(batch + (m, n))
     if mnk == 0 or 2 * mnk < PARALLEL_MIN_FLOPS:
+        y = batched_f32(a, b) if mnk else None
+        if y is not None:
+            return y
         if mnk == 0 or m * n * k <= _OPENBLAS_SERIAL_MNK:
             return np.matmul(a, b)
         with _threads.serial_blas():
@@ -208,6 +215,18 @@ def _sgemm():
 
 
 _SGEMM = None
+
+
+def batched_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
+                ) -> np.ndarray | None:
+    """``np.matmul(a, b)`` (into ``out`` when given) for float32 batches of
+    one batch shape by the compiled GEMM (:func:`._sgemm_numba.bmm`, ``b``
+    packed per entry); None when that kernel does not apply (then the caller
+    runs numpy's)."""
+    if a.dtype != np.float32 or b.dtype != np.float32 or a.ndim < 3 or a.ndim != b.ndim:
+        return None
+    sg = _sgemm()
+    return None if sg is None else sg.bmm(a, b, out)
 
 
 class ConstantOperand:

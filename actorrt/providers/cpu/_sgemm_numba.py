@@ -39,7 +39,7 @@ import numpy as np
 
 from .math import ERF32_RATIONAL
 
-__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "run", "gemm_panels_range",
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "run", "bmm", "gemm_panels_range",
            "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "USE_PARTNERS", "ENABLED"]
 
 #: output columns per panel (two 16-float vectors)
@@ -255,6 +255,53 @@ if HAVE_SGEMM:
                 elif r == 1:
                     _t1(af, ao, k, pf, po, k, cf, co, n, bias, bo, nc, act)
             i0 = i1
+
+
+    @njit(nogil=True, cache=True)
+    def _bmm(a, b, out, row_block):  # pragma: no cover - compiled
+        # out[i] = a[i] @ b[i]: a (Bt, M, K) C-contiguous, b (Bt, K, N) any
+        # strides (packed here per batch entry), out (Bt, M, N) C-contiguous
+        bt, m, k = a.shape
+        n = b.shape[2]
+        npan = (n + NR - 1) // NR
+        p = np.zeros((npan, k, NR), np.float32)  # pad columns stay zero
+        bias = np.zeros(npan * NR, np.float32)
+        for i in range(bt):
+            bi = b[i]
+            for j in range(npan):
+                c0 = j * NR
+                nc = min(NR, n - c0)
+                for kk in range(k):
+                    for c in range(nc):
+                        p[j, kk, c] = bi[kk, c0 + c]
+            gemm_panels_range(a[i], p, bias, out[i], 0, npan, 0, row_block)
+
+
+def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+    """``np.matmul(a, b)`` for float32 ``a`` ``(..., M, K)`` and ``b``
+    ``(..., K, N)`` of the same batch shape (any strides: ``b`` is packed per
+    batch entry inside the compiled call, ``a`` made contiguous): a fresh
+    float32 array ``(..., M, N)``, every batch entry on the calling thread.
+    None when it does not apply (no kernel, other dtypes or ranks, batch
+    shapes that differ or broadcast, an empty dim, an ``out`` that is not a
+    C-contiguous writeable float32 array of the result's shape)."""
+    if not (HAVE_SGEMM and ENABLED) or a.dtype != np.float32 or b.dtype != np.float32 or \
+            a.ndim < 3 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or \
+            a.shape[-1] != b.shape[-2] or a.size == 0 or b.size == 0:
+        return None
+    lead = a.shape[:-2]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    bt = a.size // (m * k)
+    a3 = np.ascontiguousarray(a).reshape(bt, m, k)
+    b3 = b.reshape(bt, k, n)  # a view for the usual (transposed-view) operands, else a copy
+    if out is None:
+        out = np.empty(lead + (m, n), np.float32)
+    elif out.shape != lead + (m, n) or out.dtype != np.float32 or \
+            not out.flags.c_contiguous or not out.flags.writeable:
+        return None
+    _bmm(a3, b3, out.reshape(bt, m, n), max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8))
+    return out
 
 
 class PackedB:

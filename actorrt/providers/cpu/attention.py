@@ -236,12 +236,20 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     return out
 
 
+def _bmm(a, b, out=None):
+    """``np.matmul(a, b, out=out)``; float32 batches of equal batch shape by
+    the compiled GEMM (:func:`._sgemm_numba.bmm`) where it applies."""
+    from ._matmul_split import batched_f32
+    y = batched_f32(a, b, out)
+    return y if y is not None else np.matmul(a, b, out=out)
+
+
 def _sdpa(q, k, v, mask, scale, out=None):
     from . import _softmax_numba  # numba loads on first use, not at import
-    s = np.matmul(q, k)
+    s = _bmm(q, k)
     if s.dtype == np.float32 and (mask is None or mask.dtype == np.float32) and \
             _softmax_numba.softmax_rows_f32(s, scale, mask):
-        return np.matmul(s, v, out=out)  # scaled, masked, normalized in one compiled pass
+        return _bmm(s, v, out=out)  # scaled, masked, normalized in one compiled pass
     if scale != 1.0:
         s *= s.dtype.type(scale)
     if mask is not None:

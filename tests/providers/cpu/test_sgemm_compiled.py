@@ -156,3 +156,65 @@ def test_models_equal_onnxruntime(m, k, n, threads, enabled, monkeypatch):
         got, want = _both(model, {"a": a}, threads)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------ batched products, B packed per entry
+
+@needs
+@pytest.mark.parametrize("a_shape,b_shape,perm", [
+    ((2, 3, 17, 40), (2, 3, 40, 33), None),
+    ((1, 4, 128, 64), (1, 4, 64, 128), None),
+    ((5, 1, 7), (5, 7, 65), None),
+    ((1, 128, 4, 64), (1, 128, 4, 64), "attention"),   # q / k^T as transposed views
+])
+def test_bmm_equals_numpy_float64(a_shape, b_shape, perm):
+    if perm == "attention":
+        x = RNG.standard_normal(a_shape).astype(np.float32)
+        a, b = x.transpose(0, 2, 1, 3), x.transpose(0, 2, 3, 1)
+    else:
+        a = RNG.standard_normal(a_shape).astype(np.float32)
+        b = RNG.standard_normal(b_shape).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    got = sg.bmm(a, b)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
+    out = np.empty(want.shape, np.float32)
+    assert sg.bmm(a, b, out) is out
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-4)
+
+
+@needs
+def test_bmm_declines_what_it_cannot_take(monkeypatch):
+    a = np.ones((2, 3, 4), np.float32)
+    assert sg.bmm(a, np.ones((1, 4, 5), np.float32)) is None          # broadcast batch
+    assert sg.bmm(a, np.ones((2, 4, 5), np.float64)) is None          # dtype
+    assert sg.bmm(a[:, :, :0], np.ones((2, 0, 5), np.float32)) is None  # empty
+    assert sg.bmm(a, np.ones((2, 4, 5), np.float32), np.empty((2, 5, 3), np.float32)[:, :, :].transpose(0, 2, 1)) is None
+    monkeypatch.setattr(sg, "ENABLED", False)
+    assert sg.bmm(a, np.ones((2, 4, 5), np.float32)) is None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_and_batched_matmul_models_equal_onnxruntime(threads, enabled, monkeypatch):
+    """The encoder's attention pattern (fused to ScaledDotAttention) and a
+    plain batched MatMul, with the compiled batched product on and off."""
+    monkeypatch.setattr(sg, "ENABLED", enabled)
+    x = RNG.standard_normal((1, 37, 4, 16)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["x"], ["q"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["x"], ["k"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["q", "k"], ["s"]),
+             helper.make_node("Mul", ["s", "sc"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "q"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, list(x.shape))],
+               [numpy_helper.from_array(np.array(0.25, np.float32), "sc")])
+    got, want = _both(m, {"x": x}, threads)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    a = RNG.standard_normal((3, 5, 40, 70)).astype(np.float32)
+    b = RNG.standard_normal((3, 5, 70, 33)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+               [helper.make_tensor_value_info("a", TP.FLOAT, list(a.shape)),
+                helper.make_tensor_value_info("b", TP.FLOAT, list(b.shape))], [])
+    got, want = _both(m, {"a": a, "b": b}, threads)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

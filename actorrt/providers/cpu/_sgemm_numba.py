@@ -40,7 +40,7 @@ import numpy as np
 from .math import ERF32_RATIONAL
 
 __all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "run", "bmm", "gemm_panels_range",
-           "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "USE_PARTNERS", "ENABLED"]
+           "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "BMM_MIN_ROWS", "USE_PARTNERS", "ENABLED"]
 
 #: output columns per panel (two 16-float vectors)
 NR = 32
@@ -56,6 +56,10 @@ PARTNER_MIN_FLOPS = 1 << 17
 USE_PARTNERS = True
 #: the float32 A budget of a row block (bytes): the block's rows stay in L2
 _ROW_BLOCK_BYTES = 1 << 18
+#: :func:`bmm` declines products of fewer rows (M): packing B per batch entry
+#: costs more than it saves there (decode attention, M = 1: 10 vs 3 us a
+#: (4 x 1 x 64) @ (4 x 64 x 65); break-even near M = 16, 64 x 64 operands)
+BMM_MIN_ROWS = 24
 #: switch for comparisons (False: every caller takes its BLAS path)
 ENABLED = True
 
@@ -282,12 +286,14 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     ``(..., K, N)`` of the same batch shape (any strides: ``b`` is packed per
     batch entry inside the compiled call, ``a`` made contiguous): a fresh
     float32 array ``(..., M, N)``, every batch entry on the calling thread.
-    None when it does not apply (no kernel, other dtypes or ranks, batch
+    None when it does not apply (no kernel, fewer than :data:`BMM_MIN_ROWS`
+    rows, other dtypes or ranks, batch
     shapes that differ or broadcast, an empty dim, an ``out`` that is not a
     C-contiguous writeable float32 array of the result's shape)."""
     if not (HAVE_SGEMM and ENABLED) or a.dtype != np.float32 or b.dtype != np.float32 or \
             a.ndim < 3 or a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or \
-            a.shape[-1] != b.shape[-2] or a.size == 0 or b.size == 0:
+            a.shape[-1] != b.shape[-2] or a.size == 0 or b.size == 0 or \
+            a.shape[-2] < BMM_MIN_ROWS:
         return None
     lead = a.shape[:-2]
     m, k = a.shape[-2:]

@@ -162,9 +162,9 @@ def test_models_equal_onnxruntime(m, k, n, threads, enabled, monkeypatch):
 
 @needs
 @pytest.mark.parametrize("a_shape,b_shape,perm", [
-    ((2, 3, 17, 40), (2, 3, 40, 33), None),
+    ((2, 3, 27, 40), (2, 3, 40, 33), None),
     ((1, 4, 128, 64), (1, 4, 64, 128), None),
-    ((5, 1, 7), (5, 7, 65), None),
+    ((5, 31, 7), (5, 7, 65), None),
     ((1, 128, 4, 64), (1, 128, 4, 64), "attention"),   # q / k^T as transposed views
 ])
 def test_bmm_equals_numpy_float64(a_shape, b_shape, perm):
@@ -185,6 +185,8 @@ def test_bmm_equals_numpy_float64(a_shape, b_shape, perm):
 
 @needs
 def test_bmm_declines_what_it_cannot_take(monkeypatch):
+    assert sg.bmm(np.ones((2, sg.BMM_MIN_ROWS - 1, 4), np.float32), np.ones((2, 4, 5), np.float32)) is None
+    monkeypatch.setattr(sg, "BMM_MIN_ROWS", 1)
     a = np.ones((2, 3, 4), np.float32)
     assert sg.bmm(a, np.ones((1, 4, 5), np.float32)) is None          # broadcast batch
     assert sg.bmm(a, np.ones((2, 4, 5), np.float64)) is None          # dtype

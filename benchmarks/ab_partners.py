@@ -2,7 +2,7 @@
 on vs off: the compiled team vs the Python chunk loop) in one process.
 
     python benchmarks/ab_partners.py [--models decode,prefill,encoder,mlp] [--threads 2]
-                                     [--rounds 10] [--budget 0.15]
+                                     [--rounds 10] [--budget 0.15] [--partner-min-flops N]
 
 One actorrt session per model at ``--threads``; each round times the model
 for ``--budget`` seconds with the partners on, then off; prints the medians
@@ -25,6 +25,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--budget", type=float, default=0.15)
+    ap.add_argument("--partner-min-flops", type=int, default=None,
+                    help="_sgemm_numba.PARTNER_MIN_FLOPS for the 'on' rounds (e.g. 131072: "
+                         "every decode GEMV split)")
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[v] = str(args.threads)
@@ -36,6 +39,8 @@ def main() -> None:
     import actorrt
     import bench_models
     from actorrt.providers.cpu import _sgemm_numba
+    if args.partner_min_flops is not None:
+        _sgemm_numba.PARTNER_MIN_FLOPS = args.partner_min_flops
 
     for name in args.models.split(","):
         m, feeds = bench_models.build(name)

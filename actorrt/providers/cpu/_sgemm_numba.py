@@ -50,8 +50,14 @@ ACT_CODES = {"": 0, "Relu": 1, "Gelu": 2}
 #: threads (below, the hand-off through the chunk loop costs more than it saves)
 PARALLEL_MIN_FLOPS = 1 << 21
 #: with compiled partner threads (:mod:`._partner`, no Python hand-off) the
-#: split starts at this many flops
-PARTNER_MIN_FLOPS = 1 << 17
+#: split starts at this many flops. Measured under load 4-5 on the 2 cores
+#: (benchmarks/ab_partners.py, partners on / off): from 1 << 17 (every decode
+#: GEMV split) the decode step was 1.15-1.17x slower (the partner got no
+#: core: autogroup shares one group's CPU among our threads, and its spinning
+#: took the caller's share); the encoder's GEMMs 0.79-0.89x. So the split
+#: starts where the Python chunk loop's did; lower it only where an idle
+#: machine shows the one-row split paying
+PARTNER_MIN_FLOPS = PARALLEL_MIN_FLOPS
 #: split through the compiled partners (False: the Python chunk loop)
 USE_PARTNERS = True
 #: the float32 A budget of a row block (bytes): the block's rows stay in L2

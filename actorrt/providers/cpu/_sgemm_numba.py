@@ -20,9 +20,15 @@ Measured (one thread, this machine, interleaved with numpy's OpenBLAS):
 step's GEMV) 256 x 768 7.9 vs 8.3 us, 1024 x 256 10 vs 25 us; every shape
 of the bench models at least as fast (docs/speed.md, round 7).
 
-Threads: :func:`gemm` splits the column panels into one contiguous range
-per intra-op thread on the help-first chunk loop (:func:`._parallel.run_chunks`)
-from :data:`PARALLEL_MIN_FLOPS`; below, one call on the caller.
+Threads: from :data:`PARTNER_MIN_FLOPS` :func:`gemm` splits the column
+panels into ``2 x threads`` ranges claimed by the caller and its compiled
+partner threads (:mod:`._partner`, no Python hand-off; :data:`USE_PARTNERS`
+False: one range per thread on the Python chunk loop,
+:func:`._parallel.run_chunks`, from :data:`PARALLEL_MIN_FLOPS`); below, one
+call on the caller.
+
+:func:`bmm`: batched products with a non-constant ``B`` (attention's two
+products), ``B`` packed per batch entry inside the compiled call.
 
 Available (:data:`HAVE_SGEMM`) with numba on an x86-64 host whose LLVM
 reports AVX-512F (no ``NUMBA_CPU_NAME`` override); otherwise the callers

@@ -47,7 +47,7 @@ IDLE_CYCLES = 200_000
 SPIN_PAUSES = 2048
 
 # control word slots
-_WORD, _DONE, _STATE, _STOP = 0, 1, 2, 3
+_WORD, _DONE, _STOP = 0, 1, 3
 _P = 8  # job parameters from here
 _SLOTS = 32
 

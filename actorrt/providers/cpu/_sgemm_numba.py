@@ -368,14 +368,16 @@ def gemm(a: np.ndarray, packed: PackedB, bias: np.ndarray | None = None, act: st
     ``B`` ``(K, N)``: a fresh C-contiguous float32 array ``(..., M, N)``.
     ``bias``: float32 ``(N,)`` or None; ``act``: a key of :data:`ACT_CODES`;
     ``threads``: intra-op threads (column panels split from
-    :data:`PARALLEL_MIN_FLOPS`).
+    :data:`PARTNER_MIN_FLOPS`, module docstring).
 
     Raises:
         ValueError: ``a``'s last dim is not ``K``, a dtype is not float32, or
         an unknown activation.
+        KernelError: the kernel is not available here (:data:`HAVE_SGEMM`).
     """
     if not HAVE_SGEMM:  # pragma: no cover - callers check HAVE_SGEMM
-        raise RuntimeError("the compiled sgemm needs numba on an AVX-512 host")
+        from ..._errors import KernelError
+        raise KernelError("the compiled sgemm needs numba on an AVX-512 host")
     k, n = packed.k, packed.n
     if a.dtype != np.float32 or a.ndim < 1 or a.shape[-1] != k:
         raise ValueError(f"gemm: a {a.dtype} {a.shape} does not match B ({k}, {n}) float32")

@@ -199,10 +199,11 @@ class Conv(_PackedWeightConv):
             return None
         if self._wpack is not None:
             wpack = self._wpack
-            wp = self._cached("_dwp_cache", plan.mr, lambda: cdr.pack_weights(wpack, plan.y_shape[3]))
+            wp = self._cached("_dwp_cache", plan.mr,
+                              lambda: cdr.pack_weights(wpack, plan.y_shape[3], plan.mr))
         else:
             wp = cdr.pack_weights(_pack(w, int(self.node.attr("group", 1)), np.float32),
-                                  plan.y_shape[3])
+                                  plan.y_shape[3], plan.mr)
         y = cdr.run(plan, x, wp, b, z, *ap)
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
         return y
@@ -214,15 +215,17 @@ class Conv(_PackedWeightConv):
         group = int(self.node.attr("group", 1))
         cg = w_shape[1]
         if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != cg * group \
-                or w_shape[0] % group or (cg == 1 and group > 1):
+                or w_shape[0] % group:
             return False
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
-        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w_shape[2:]):
-            return False  # 1x1: the GEMM on the input's view is faster
+        if tuple(kernel) != tuple(w_shape[2:]):
+            return False
+        if kernel[0] * kernel[1] == 1 and not cdr.takes_pointwise():
+            return False  # 1x1 on the 8-lane tiles: the GEMM on the input's view is faster
         if not cdr.applies(np.float32, x_shape[1], kernel, group, w_shape[0] // group, out):
             return False
         return cdr.make_plan(tuple(x_shape), (group, w_shape[0] // group, cg * kernel[0] * kernel[1]),
-                             group, kernel, strides, dil, pb, out)
+                             group, kernel, strides, dil, pb, out, flatten=True)
 
     def run(self, x, w, b=None, *, workspace=()):
         y = self._direct(x, w, b, None, "")

@@ -323,3 +323,55 @@ def test_depthwise_store_epilogue(stride):
     v = plain + b.reshape(1, -1, 1, 1) + z
     want = np.clip(np.where(v < 0, 0.1 * v, v), -0.5, 2.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+DEPTHWISE_CASES = [c for c in CASES if c[9] > 1 and c[1] == c[9]] + [
+    (1, 3, 17, 40, 3, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 3, None),    # rows past one vector, s2
+    (1, 2, 9, 20, 4, (5, 3), (2, 3), (2, 1, 2, 1), (1, 2), 2, None),     # stride 3: numba's copy
+]
+
+
+def _depthwise_reference(x, w, case):
+    """onnx's reference evaluator (float64 in, float64 out)."""
+    from onnx.reference import ReferenceEvaluator
+    n, c, h, wd, m, k, s, p, d, g, auto = case
+    attrs = dict(kernel_shape=list(k), strides=list(s), dilations=list(d), group=g)
+    if auto:
+        attrs["auto_pad"] = auto
+    else:
+        attrs["pads"] = list(p)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], **attrs)
+    graph = helper.make_graph([node], "dw", [helper.make_tensor_value_info("x", TP.DOUBLE, None),
+                                             helper.make_tensor_value_info("W", TP.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TP.DOUBLE, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ReferenceEvaluator(model).run(None, {"x": x, "W": w})[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", [True, False])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES)
+def test_depthwise_tile_and_loops_match_reference(case, tile, dtype, monkeypatch):
+    """depthwise2d with its plane sum, row copies and row stores on the
+    vectorized LLVM tiles (float32 and float64 lanes) or numba's loops, with
+    the store epilogue, against onnx's reference evaluator in float64."""
+    if not _conv_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    if tile and not _conv_direct.HAVE_KERNEL:
+        pytest.skip("the LLVM tiles are not built")
+    monkeypatch.setattr(_conv_numba, "DW_TILE", tile)
+    from actorrt.providers.cpu._conv_util import conv_geometry, spatial_params
+    n, c, h, wd, m, k, s, p, d, g, auto = case
+    x = RNG.standard_normal((n, c, h, wd))
+    w = RNG.standard_normal((m, 1, *k))
+    kernel, strides, dil, pb, pe = spatial_params(2, k, s, d, p)
+    out, pb, pe = conv_geometry((h, wd), kernel, strides, dil, pb, pe, auto or "NOTSET")
+    b = RNG.standard_normal(m)
+    z = RNG.standard_normal((n, m, *out))
+    got = _conv_numba.depthwise2d(x.astype(dtype), w.astype(dtype), strides, dil, pb, out,
+                                  b.astype(dtype), z.astype(dtype), 0.1, -0.5, 2.0)
+    v = _depthwise_reference(x, w, case) + b.reshape(1, -1, 1, 1) + z
+    want = np.clip(np.where(v < 0, 0.1 * v, v), -0.5, 2.0)
+    assert got.dtype == dtype
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

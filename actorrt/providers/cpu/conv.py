@@ -208,6 +208,39 @@ class Conv(_PackedWeightConv):
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
         return y
 
+    def _depthwise(self, x, w, b, z, act: str, params=()):
+        """A 2-D depthwise conv (one input channel per group) with bias, Z and
+        the activation in the compiled kernel's store
+        (:func:`._conv_numba.depthwise2d`), or None where that path does not
+        apply (numba missing, dtype, rank, not depthwise, an activation the
+        store lacks, shapes the other paths reject with their own errors)."""
+        from . import _conv_direct as cdr, _conv_util as cu
+        if x.ndim != 4 or w.ndim != 4 or x.dtype not in (np.float32, np.float64) or not cu.COMPILED:
+            return None
+        group = int(self.node.attr("group", 1))
+        if w.shape[1] != 1 or group == 1 or x.shape[1] != group or w.shape[0] % group:
+            return None
+        ap = cdr.act_params(act, params)
+        if ap is None:
+            return None
+        from . import _conv_numba as cn
+        if not cn.HAVE_NUMBA:
+            return None
+        kernel, strides, dil, out, pb, pe = self._cached(
+            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
+        if tuple(kernel) != tuple(w.shape[2:]):
+            return None
+        m = w.shape[0]
+        if b is not None and np.size(b) != m:
+            return None
+        if z is not None and z.shape != (x.shape[0], m, *out):
+            return None
+        alpha, lo, hi = ap
+        y = cn.depthwise2d(x, w, strides, dil, pb, out, b, z, alpha, lo, hi)
+        tracing.kernel_variant("conv", "depthwise", "kernel=%s, epilogue in the store", kernel)
+        tracing.kernel_variant("conv_impl", "compiled")
+        return y
+
     def _direct_plan(self, x_shape, w_shape):
         """The direct kernel's plan for float32 inputs of these shapes, or
         False (not its case)."""
@@ -229,6 +262,8 @@ class Conv(_PackedWeightConv):
 
     def run(self, x, w, b=None, *, workspace=()):
         y = self._direct(x, w, b, None, "")
+        if y is None:
+            y = self._depthwise(x, w, b, None, "")
         if y is not None:
             return y
         y = self._conv(x, w, workspace)
@@ -261,6 +296,8 @@ class FusedConv(Conv):
 
     def run(self, x, w, b=None, z=None, *, workspace=()):
         y = self._direct(x, w, b, z, self._act_name, self._act_params)
+        if y is None:
+            y = self._depthwise(x, w, b, z, self._act_name, self._act_params)
         if y is not None:
             return y
         y = self._conv(x, w, workspace)

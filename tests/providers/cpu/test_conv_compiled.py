@@ -242,7 +242,7 @@ def test_serial_blas_nests_and_restores_the_pool():
                 _threads.apply(info["num_threads"])
 
 
-@pytest.mark.parametrize("k", [3, 1])
+@pytest.mark.parametrize("k", [3, 1, "dw"])
 @pytest.mark.parametrize("epilogue", ["compiled", "numpy", "direct"])
 @pytest.mark.parametrize("act,params", [("", []), ("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
                                         ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4])])
@@ -251,26 +251,29 @@ def test_serial_blas_nests_and_restores_the_pool():
 def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, k, monkeypatch):
     """com.microsoft FusedConv: bias, residual Z and the activation in one
     compiled pass (Relu / LeakyRelu / Clip / none), in the direct kernel's
-    store (the same four; a 1x1 conv there read in place) or the numpy
-    epilogue."""
+    store (the same four; a 1x1 conv there read in place; a depthwise conv
+    in the compiled depthwise kernel's store) or the numpy epilogue."""
     from actorrt.providers.cpu import conv as conv_mod
     monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
     monkeypatch.setattr(_conv_direct, "ENABLED", epilogue == "direct")
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
     n, c, h, w, m = 2, 3, 9, 11, 5
+    group = 1
+    if k == "dw":
+        k, c, m, group = 3, 4, 8, 4
     ins = ["x", "W", "B" if with_b else ""]
     if with_z:
         ins.append("Z")
     while ins and not ins[-1]:
         ins.pop()
-    attrs = {"kernel_shape": [k, k], "pads": [k // 2] * 4}
+    attrs = {"kernel_shape": [k, k], "pads": [k // 2] * 4, "group": group}
     if act:
         attrs["activation"] = act
     if params:
         attrs["activation_params"] = params
     node = helper.make_node("FusedConv", ins, ["y"], domain="com.microsoft", **attrs)
-    inits = [numpy_helper.from_array(RNG.standard_normal((m, c, k, k)).astype(np.float32), "W")]
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c // group, k, k)).astype(np.float32), "W")]
     if with_b:
         inits.append(numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B"))
     vis = [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])]
@@ -286,8 +289,14 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     fusable = act in ("", "Relu", "LeakyRelu", "Clip")
-    direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL and (
+    direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL and group == 1 and (
         k > 1 or _conv_direct.takes_pointwise())
+    if group > 1:  # depthwise: the compiled kernel's store unless numba is missing
+        dw = fusable and _conv_numba.HAVE_NUMBA
+        assert any("epilogue in the store" in a.get("kernel_variant.conv", {}).get("reason", "")
+                   for a in spans) == dw
+        assert not any("kernel_variant.epilogue" in a for a in spans) or not dw
+        return
     assert any(a.get("kernel_variant.conv", {}).get("variant") == "direct" for a in spans) == direct
     compiled = epilogue != "numpy" and not direct and fusable and (with_b or with_z or act)
     assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)

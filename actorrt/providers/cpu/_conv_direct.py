@@ -453,6 +453,32 @@ if HAVE_KERNEL:
     #: vector row copies at source stride 1 / 2, see :func:`_copy_codegen`
     copy1, copy2 = _copy_intrinsic(1), _copy_intrinsic(2)
 
+    @njit(nogil=True, cache=True)
+    def _phase_copy(xf, buf, table, c, h, w, nphase, hi, wj, sw, start, stop):  # pragma: no cover
+        """Planes ``[start, stop)`` (image * C + channel) of ``x`` into the
+        phase-split buffer: per row of table ``(phase, i0, i1, j0, j1, r0,
+        c0)``, padded rows ``i0 <= i < i1`` / columns ``[j0, j1)`` of phase
+        plane ``phase`` from input row ``r0 + (i - i0) * SH``, columns ``c0,
+        c0 + SW, ...`` (``SH`` folded into the table's next row: rows step
+        by table[k, 7])."""
+        for pl in range(start, stop):
+            src_plane = pl * h * w
+            dst_plane = pl * nphase * hi * wj
+            for k in range(table.shape[0]):
+                q, i0, i1, j0, j1, r0, c0, sh = (table[k, 0], table[k, 1], table[k, 2], table[k, 3],
+                                                 table[k, 4], table[k, 5], table[k, 6], table[k, 7])
+                cnt = j1 - j0
+                for i in range(i0, i1):
+                    so = src_plane + (r0 + (i - i0) * sh) * w + c0
+                    do = dst_plane + (q * hi + i) * wj + j0
+                    if sw == 1:
+                        copy1(xf, so, buf, do, cnt)
+                    elif sw == 2:
+                        copy2(xf, so, buf, do, cnt)
+                    else:
+                        for j in range(cnt):
+                            buf[do + j] = xf[so + j * sw]
+
     def _dw_sum_typer(typingctx, ph, offs, kk, w, w_off, acc, n, bias):
         dt = getattr(ph, "dtype", None)
         if dt not in (types.float32, types.float64) or any(
@@ -641,7 +667,7 @@ class Plan:
     """Everything :func:`run` needs that depends only on the input signature
     (from :func:`make_plan`; immutable, shareable between threads)."""
 
-    __slots__ = ("offs", "total", "copies", "xs_shape", "y_shape", "rows", "ints", "items",
+    __slots__ = ("offs", "total", "copies", "table", "xs_shape", "y_shape", "rows", "ints", "items",
                  "mr", "mb", "mg", "g", "split", "key")
 
     def __init__(self, **kw):
@@ -686,7 +712,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
     ncol = -(-ow // (VW * nv)) * VW * nv
     need = (n - 1) * x_img + (group - 1) * x_grp + (oh - 1) * wj + ncol + int(offs.max())
     t, l = pb
-    copies = []
+    copies, table = [], []
     # phases some tap reads (a 1x1 stride-2 conv reads one of four)
     used = {((ky * dh) % sh, (kx * dw) % sw) for ky in range(kh) for kx in range(kw)}
     for py in range(sh):
@@ -701,10 +727,12 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
             if j1 <= j0 or (py, px) not in used:
                 continue
             r0, c0 = i0 * sh + py - t, j0 * sw + px - l
+            table.append((py * sw + px, i0, i1, j0, j1, i0 * sh + py - t, j0 * sw + px - l, sh))
             copies.append(((slice(None), slice(None), py * sw + px, slice(i0, i1), slice(j0, j1)),
                            (slice(None), slice(None), slice(r0, r0 + (i1 - i0 - 1) * sh + 1, sh),
                             slice(c0, c0 + (j1 - j0 - 1) * sw + 1, sw))))
     return Plan(offs=offs, total=max(need, n * x_img), copies=None if inplace else tuple(copies),
+                table=np.array(table, np.int64).reshape(-1, 8),
                 xs_shape=(n, c, sh * sw, hi_, wj), y_shape=y_shape,
                 rows=_rows,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
@@ -726,9 +754,7 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     else:
         buf = np.zeros(plan.total, np.float32)
-        xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
-        for dst, src in plan.copies:
-            xs[dst] = x[src]
+        phase_copy(plan, x, buf)
     y = np.empty(plan.y_shape, np.float32)
     mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
@@ -755,6 +781,25 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         _parallel.run_chunks(lambda i: rows(*args, i * per, min(items, (i + 1) * per)),
                              -(-items // per), threads)
     return y
+
+
+def phase_copy(plan: Plan, x: np.ndarray, buf: np.ndarray) -> None:
+    """Copy ``x`` (the plan's input shape, ``buf``'s dtype) into the
+    phase-split buffer ``buf`` (flat, pads left as they are): the compiled row
+    copies (:data:`COMPILED_COPY`), else numpy slice assignments."""
+    n, c, nphase, hi, wj = plan.xs_shape
+    if COMPILED_COPY and HAVE_KERNEL and x.ndim == 4:
+        xf = np.ascontiguousarray(x, dtype=buf.dtype).reshape(-1)
+        sw = plan.key[4][1]  # the column stride
+        _phase_copy(xf, buf, plan.table, c, x.shape[2], x.shape[3], nphase, hi, wj, sw, 0, n * c)
+        return
+    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
+    for dst, src in plan.copies:
+        xs[dst] = x[src]
+
+
+#: copy the input into the phase-split buffer with the compiled row copies
+COMPILED_COPY = True
 
 
 def current_threads() -> int:

@@ -128,15 +128,18 @@ WIDE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("copy", ["compiled", "numpy"])
 @pytest.mark.parametrize("multi_row", [True, False])
 @pytest.mark.parametrize("drivers", ["chunks", "serial"])
 @pytest.mark.parametrize("case", WIDE_CASES)
-def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, monkeypatch):
+def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, copy, monkeypatch):
     """The 16-lane (AVX-512) tiles' own cases: 1x1 convs read in place,
     short rows several to a tile (or one each), rows / channel parts split
-    across two threads or run serially."""
+    across two threads or run serially; the phase-split input copied by the
+    compiled row copies or numpy's slice assignments."""
     if not _conv_direct.HAVE_KERNEL:
         pytest.skip("no numba / AVX2+FMA: the direct kernel is not built")
+    monkeypatch.setattr(_conv_direct, "COMPILED_COPY", copy == "compiled")
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_direct, "MULTI_ROW", multi_row)

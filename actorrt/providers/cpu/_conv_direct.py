@@ -803,8 +803,15 @@ COMPILED_COPY = True
 
 
 def current_threads() -> int:
-    from ._threads import current
-    return current()
+    """The intra-op thread count (:func:`._threads.current`)."""
+    global _current
+    if _current is None:
+        from ._threads import current
+        _current = current
+    return _current()
+
+
+_current = None
 
 
 def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, kernel,

@@ -81,6 +81,11 @@ MAX_REDUCTION = 576
 #: kernel (1x1 as a GEMM on x in place, depthwise on the one-channel blocks);
 #: the limits above are the 8-lane (AVX2) tiles' (tests switch this off)
 WIDE_ALL = True
+#: ... up to this many bytes of weights: every row group sweeps all of them,
+#: so past L2-L3 sizes im2col + sgemm reuses them better (per-layer A/B, load
+#: 4-7: 3x3 512 -> 512 on 7x7, 9.4 MB, direct 7.5 ms vs 6.3; 3x3 256 -> 256 on
+#: 14x14, 2.4 MB, 3.1 vs 3.7; 128 -> 128 on 28x28, 0.6 MB, 3.1 vs 4.8)
+WIDE_MAX_WEIGHT_BYTES = 4 << 20
 #: widest row a flattened 1x1 conv is cut into (:func:`_flat_rows`)
 FLAT_ROW_MAX = 512
 #: several short output rows in one 16-lane tile (:data:`BLOCKS` 2, 3)
@@ -608,8 +613,7 @@ def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> boo
     if channels // group == 1 and group > 1:
         return False  # depthwise: the compiled per-plane kernel of _conv_numba
     if VW == 16 and WIDE_ALL:
-        return (channels // group) * math.prod(kernel) <= MAX_REDUCTION or \
-            out_shape[1] > VW
+        return 4 * group * mg * (channels // group) * math.prod(kernel) <= WIDE_MAX_WEIGHT_BYTES
     if not MIN_REDUCTION <= (channels // group) * math.prod(kernel) <= MAX_REDUCTION:
         return False
     return mg <= MAX_MG or math.prod(out_shape) <= SMALL_PLANE

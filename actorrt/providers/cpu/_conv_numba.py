@@ -37,13 +37,13 @@ except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 if HAVE_NUMBA:
-    from . import _conv_direct as _cd
-    #: depthwise planes summed by the vectorized LLVM tile
-    #: (:data:`._conv_direct.dw_sum`: every tap a masked vector load at its
-    #: flat offset) where it is built; else numba's loops below
-    DW_TILE = _cd.HAVE_KERNEL
-    if _cd.HAVE_KERNEL:
-        _dw_sum, _dw_store, _copy1, _copy2 = _cd.dw_sum, _cd.dw_store, _cd.copy1, _cd.copy2
+    from . import _conv_vec as _cv
+    #: depthwise planes summed, copied in and stored by the vectorized LLVM
+    #: row kernels (:mod:`._conv_vec`: every tap a masked vector load at its
+    #: flat offset) where they are built; else numba's loops
+    DW_TILE = _cv.HAVE_KERNEL
+    if _cv.HAVE_KERNEL:
+        _dw_sum, _dw_store, _copy1, _copy2 = _cv.dw_sum, _cv.dw_store, _cv.copy1, _cv.copy2
     else:  # pragma: no cover - without the AVX2 kernel
         @njit(nogil=True, cache=True)
         def _dw_sum(ph, offs, kk, w, w_off, acc, n, bias):

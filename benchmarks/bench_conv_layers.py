@@ -71,7 +71,8 @@ def main() -> None:
     so.intra_op_num_threads = args.threads
     _threads.apply(args.threads)
     print(f"threads {args.threads}, VW {cdr.VW}")
-    print(f"{'layer':22s} {'direct us':>10s} {'core us':>10s} {'ort us':>10s} {'dir/ort':>8s} {'core/ort':>8s}")
+    print(f"{'layer':22s} {'direct us':>10s} {'core us':>10s} {'ort us':>10s} {'dir/ort':>8s} "
+          f"{'core/ort':>8s}")
     only = [p for p in args.only.split(",") if p]
     for name, n, c, h, w, m, k, s, p, g in LAYERS:
         if only and not any(name.startswith(o) for o in only):

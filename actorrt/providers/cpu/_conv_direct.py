@@ -20,15 +20,17 @@ Layout and method:
   kx)``'s element offset from the row start.
 * The micro-kernel (an LLVM IR intrinsic) computes ``MR`` output channels x
   ``VW * NV`` consecutive output columns of one output row (or of 2 / 4 short
-  rows, :data:`BLOCKS`): ``MR * NV`` ``<VW x float>`` accumulators in registers; per ``r`` it loads ``NV`` input vectors
+  rows, :data:`BLOCKS`): ``MR * NV`` ``<VW x float>`` accumulators in
+  registers; per ``r`` it loads ``NV`` input vectors
   and broadcasts ``MR`` weights (packed ``(G, M/G/MR, R, MR)``, zero rows past
   ``M/G``). The store applies the epilogue (bias, residual ``Z``, then
   ``max(v, alpha*v)`` clamped to ``[lo, hi]``: Relu, LeakyRelu, Clip or none)
   and writes only the valid lanes and rows (``llvm.masked.store``), straight
   into ``y (N, M, OH, OW)``.
 * Work items are (image, group, output row group, channel part), each its
-  column tiles times its channel blocks (the tile's input window stays in L1); more than one
-  intra-op thread splits them into ranges on :func:`._parallel.run_chunks`.
+  column tiles times its channel blocks (the tile's input window stays in
+  L1); more than one intra-op thread splits them into ranges on
+  :func:`._parallel.run_chunks`.
 
 Shapes: ``x (N, C, H, W)`` float32, ``w`` packed from the ``(G, M/G, C/G*KH*KW)``
 GEMM layout of :func:`.conv._pack`; ``y (N, M, OH, OW)`` float32.
@@ -42,8 +44,9 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW", "pack_weights", "conv2d", "make_plan", "run",
-           "Plan", "act_params", "block_of", "ACT_BOUNDS"]
+__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW",
+           "pack_weights", "conv2d", "make_plan", "run", "phase_copy", "Plan", "act_params",
+           "block_of", "ACT_BOUNDS"]
 
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
@@ -86,6 +89,14 @@ WIDE_ALL = True
 #: 4-7: 3x3 512 -> 512 on 7x7, 9.4 MB, direct 7.5 ms vs 6.3; 3x3 256 -> 256 on
 #: 14x14, 2.4 MB, 3.1 vs 3.7; 128 -> 128 on 28x28, 0.6 MB, 3.1 vs 4.8)
 WIDE_MAX_WEIGHT_BYTES = 4 << 20
+#: 1x1 convs take the direct kernel only on inputs of at most this many bytes
+#: (:func:`takes_pointwise`): its tiles read every channel's row at the
+#: plane's stride, which larger inputs do not keep in L2 inside a model (the
+#: isolated layer, input hot in L2, ran 1.0-1.3x onnxruntime on the direct
+#: kernel against 1.6-2.0x on the GEMM; inside mobilenetish, one process,
+#: sessions interleaved, load 4.7: limit 512 KB 2.71 / 2.41 x onnxruntime, no
+#: limit 2.96 / 2.60, 256 KB 2.83 / 2.60, every 1x1 on the GEMM 2.95 / 2.79)
+POINTWISE_MAX_INPUT_BYTES = 512 << 10
 #: widest row a flattened 1x1 conv is cut into (:func:`_flat_rows`)
 FLAT_ROW_MAX = 512
 #: several short output rows in one 16-lane tile (:data:`BLOCKS` 2, 3)
@@ -361,7 +372,8 @@ def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> boo
     the kernel built, enabled, a reduction ``channels / group * KH * KW`` in
     ``[MIN_REDUCTION, MAX_REDUCTION]``, and at most :data:`MAX_MG` output channels
     per group unless the output plane has at most :data:`SMALL_PLANE` pixels;
-    with the 16-lane tiles every 2-D float32 conv, see :data:`WIDE_ALL`)."""
+    with the 16-lane tiles every non-depthwise one up to
+    :data:`WIDE_MAX_WEIGHT_BYTES` of weights, see :data:`WIDE_ALL`)."""
     if not (ENABLED and HAVE_KERNEL) or np.dtype(dtype) != np.float32 or len(kernel) != 2:
         return False
     if channels // group == 1 and group > 1:
@@ -373,10 +385,14 @@ def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> boo
     return mg <= MAX_MG or math.prod(out_shape) <= SMALL_PLANE
 
 
-def takes_pointwise() -> bool:
-    """Whether 1x1 convolutions take the direct kernel (the 16-lane tiles with
-    :data:`WIDE_ALL`), rather than the GEMM on the input's view."""
-    return ENABLED and HAVE_KERNEL and VW == 16 and WIDE_ALL
+def takes_pointwise(x_shape=None) -> bool:
+    """Whether a 1x1 convolution of an input of ``x_shape`` (None: any) takes
+    the direct kernel (the 16-lane tiles with :data:`WIDE_ALL`, an input of at
+    most :data:`POINTWISE_MAX_INPUT_BYTES`), rather than the GEMM on the
+    input's view."""
+    if not (ENABLED and HAVE_KERNEL and VW == 16 and WIDE_ALL):
+        return False
+    return x_shape is None or 4 * math.prod(x_shape) <= POINTWISE_MAX_INPUT_BYTES
 
 
 def pack_weights(wpack: np.ndarray, ow: int, mr: int | None = None) -> np.ndarray:

@@ -4,10 +4,12 @@ CausalConvWithState and Col2Im (ONNX spec, every since-version up to opset 28).
 Layout ``(N, C, D1, ..., Dn)``; weights ``(M, C/group, k1, ..., kn)`` (Conv) or
 ``(C, M/group, k1, ..., kn)`` (ConvTranspose). Float16/bfloat16 accumulate in
 float32; the integer convolutions accumulate exactly in float64 GEMMs.
-Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (small
-channel counts, not 1x1, not depthwise) run the direct register-blocked kernel
-with the epilogue in its store; the rest go through :func:`._conv_util.conv_core`
-(im2col / 1x1 GEMM on OpenBLAS, the compiled depthwise kernel).
+Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (not
+depthwise; on AVX2 hosts small channel counts and not 1x1, on AVX-512 hosts
+every one up to 4 MB of weights, 1x1 included) run the direct register-blocked
+kernel with the epilogue in its store; 2-D depthwise convs run the compiled
+depthwise kernel with the epilogue in its store; the rest go through
+:func:`._conv_util.conv_core` (im2col / 1x1 GEMM on OpenBLAS).
 """
 
 from __future__ import annotations
@@ -253,7 +255,7 @@ class Conv(_PackedWeightConv):
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
         if tuple(kernel) != tuple(w_shape[2:]):
             return False
-        if kernel[0] * kernel[1] == 1 and not cdr.takes_pointwise():
+        if kernel[0] * kernel[1] == 1 and not cdr.takes_pointwise(x_shape):
             return False  # 1x1 on the 8-lane tiles: the GEMM on the input's view is faster
         if not cdr.applies(np.float32, x_shape[1], kernel, group, w_shape[0] // group, out):
             return False

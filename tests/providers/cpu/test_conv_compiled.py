@@ -154,7 +154,21 @@ def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, copy, mon
     np.testing.assert_array_equal(got2[0], got[0])
     pointwise = case[5] == (1, 1)
     direct = [a for a in spans if a.get("kernel_variant.conv", {}).get("variant") == "direct"]
-    assert len(direct) == (2 if _conv_direct.takes_pointwise() or not pointwise else 0), spans
+    takes = _conv_direct.takes_pointwise(case[:4])
+    assert len(direct) == (2 if takes or not pointwise else 0), spans
+
+
+def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):
+    """A 1x1 conv on an input past POINTWISE_MAX_INPUT_BYTES declines the
+    direct kernel (the GEMM on the input's view), the same values."""
+    monkeypatch.setattr(_conv_direct, "POINTWISE_MAX_INPUT_BYTES", 64)
+    model, x = _model(WIDE_CASES[1])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert [a["kernel_variant.conv"]["variant"] for a in spans] == ["1x1"]
 
 
 def test_flat_rows_and_blocks():
@@ -293,7 +307,7 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     fusable = act in ("", "Relu", "LeakyRelu", "Clip")
     direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL and group == 1 and (
-        k > 1 or _conv_direct.takes_pointwise())
+        k > 1 or _conv_direct.takes_pointwise((n, c, h, w)))
     if group > 1:  # depthwise: the compiled kernel's store unless numba is missing
         dw = fusable and _conv_numba.HAVE_NUMBA
         assert any("epilogue in the store" in a.get("kernel_variant.conv", {}).get("reason", "")

@@ -90,13 +90,13 @@ WIDE_ALL = True
 #: 14x14, 2.4 MB, 3.1 vs 3.7; 128 -> 128 on 28x28, 0.6 MB, 3.1 vs 4.8)
 WIDE_MAX_WEIGHT_BYTES = 4 << 20
 #: 1x1 convs take the direct kernel only on inputs of at most this many bytes
-#: (:func:`takes_pointwise`): its tiles read every channel's row at the
-#: plane's stride, which larger inputs do not keep in L2 inside a model (the
-#: isolated layer, input hot in L2, ran 1.0-1.3x onnxruntime on the direct
-#: kernel against 1.6-2.0x on the GEMM; inside mobilenetish, one process,
-#: sessions interleaved, load 4.7: limit 512 KB 2.71 / 2.41 x onnxruntime, no
-#: limit 2.96 / 2.60, 256 KB 2.83 / 2.60, every 1x1 on the GEMM 2.95 / 2.79)
-POINTWISE_MAX_INPUT_BYTES = 512 << 10
+#: (:func:`takes_pointwise`; larger ones the GEMM on the input's view). No
+#: limit by default: isolated layers ran 1.0-1.3x onnxruntime on the direct
+#: kernel against 1.6-2.0x on the GEMM (interleaved, one process); inside
+#: mobilenetish / densenet121 (sessions with and without a 512 KB limit
+#: interleaved in one process, load 2-5) the two did not differ beyond what
+#: two identical sessions differed by (0.2-0.3 of the ratio)
+POINTWISE_MAX_INPUT_BYTES = 1 << 62
 #: widest row a flattened 1x1 conv is cut into (:func:`_flat_rows`)
 FLAT_ROW_MAX = 512
 #: several short output rows in one 16-lane tile (:data:`BLOCKS` 2, 3)

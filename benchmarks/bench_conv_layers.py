@@ -2,7 +2,7 @@
 against the GEMM / im2col / compiled-depthwise path (:func:`._conv_util.conv_core` + the
 compiled epilogue) and onnxruntime (a one-node Conv + Relu model), in one process.
 
-    python benchmarks/bench_conv_layers.py [--threads 1] [--rounds 5] [--budget 0.05] [--set all]
+    python benchmarks/bench_conv_layers.py [--threads 1] [--rounds 5] [--budget 0.05] [--only res,mob.pw]
 
 Shapes: the convs of ``resnetish`` / ``mobilenetish`` and some zoo-style layers (wider 3x3,
 7x7 stems, 1x1 expands). Prints microseconds per call (median over interleaved rounds) and
@@ -107,19 +107,18 @@ def main() -> None:
             return sess.run(None, {"x": x})[0]
 
         fns = {"direct": direct, "core": core, "ort": peer}
-        if True:
-            for f in fns.values():
-                got = f()
-                np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
-            times = {k_: [] for k_ in fns}
-            for _ in range(args.rounds):
-                for k_, f in fns.items():
-                    t0 = time.perf_counter()
-                    nrep = 0
-                    while time.perf_counter() - t0 < args.budget:
-                        f()
-                        nrep += 1
-                    times[k_].append((time.perf_counter() - t0) / nrep * 1e6)
+        for f in fns.values():
+            got = f()
+            np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+        times = {k_: [] for k_ in fns}
+        for _ in range(args.rounds):
+            for k_, f in fns.items():
+                t0 = time.perf_counter()
+                nrep = 0
+                while time.perf_counter() - t0 < args.budget:
+                    f()
+                    nrep += 1
+                times[k_].append((time.perf_counter() - t0) / nrep * 1e6)
         med = {k_: statistics.median(v) for k_, v in times.items()}
         print(f"{name:22s} {med['direct']:10.1f} {med['core']:10.1f} {med['ort']:10.1f} "
               f"{med['direct'] / med['ort']:8.2f} {med['core'] / med['ort']:8.2f}", flush=True)

@@ -5,8 +5,8 @@ The input is copied once into the phase-split buffer padded with ``-inf``
 (:func:`._conv_direct.make_plan` with one channel per group; the compiled
 row copies of :mod:`._conv_vec`); a tile (an LLVM intrinsic: one 16-lane
 vector with AVX-512, two 8-lane ones with AVX2) then takes 16 consecutive
-outputs of one output row as ``llvm.maxnum`` (IEEE ``maxNum``: a NaN operand loses to a number, as
-``np.fmax``) over the window's taps, starting from the first tap, and stores
+outputs of one output row as ``llvm.maxnum`` (IEEE ``maxNum``: a NaN operand
+loses to a number, as ``np.fmax``) over the window's taps, starting from the first tap, and stores
 the valid lanes (``llvm.masked.store``). So the result equals the numpy tap
 path of :mod:`.pool` (``np.fmax`` in tap order over a ``-inf``-padded input)
 bit for bit: NaN skipped where the window has a number or a pad, NaN where it

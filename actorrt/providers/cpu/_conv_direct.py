@@ -1,9 +1,12 @@
 """Direct (no patch matrix) float32 2-D convolution with a register-blocked
-AVX2 micro-kernel, for the small-``M`` convolutions where im2col + OpenBLAS
-sgemm loses most to onnxruntime's NCHWc kernels.
+micro-kernel: 8-lane (AVX2) tiles for the small-``M`` convolutions where
+im2col + OpenBLAS sgemm loses most to onnxruntime's NCHWc kernels; 16-lane
+(AVX-512, :data:`VW`) tiles for every non-depthwise conv up to a weight-size
+bound, 1x1 convs included (at stride 1 without pads a GEMM ``W (M, C) @ x (C,
+H*W)`` read in place, the epilogue in the store).
 
-Used by :func:`._conv_util.conv_core` for float32 ``im2col`` / ``1x1``-path
-convolutions when :func:`applies` (numba with AVX2 / FMA, see :data:`ENABLED`
+Used by :class:`.conv.Conv` / ``FusedConv`` for float32 2-D convolutions when
+:func:`applies` (numba with AVX2 / FMA, see :data:`ENABLED`, :data:`WIDE_ALL`
 and :data:`MAX_REDUCTION`); the numpy / BLAS path stays the fallback.
 
 Layout and method:
@@ -16,16 +19,18 @@ Layout and method:
   stride and dilation. A table ``offs`` holds each reduction index ``r = (c, ky,
   kx)``'s element offset from the row start.
 * The micro-kernel (an LLVM IR intrinsic) computes ``MR`` output channels x
-  ``8 * NV`` consecutive output columns of one output row: ``MR * NV`` ``<8 x
-  float>`` accumulators in registers; per ``r`` it loads ``NV`` input vectors
+  ``VW * NV`` consecutive output columns of one output row (or of 2 / 4 short
+  rows, :data:`BLOCKS`): ``MR * NV`` ``<VW x float>`` accumulators in
+  registers; per ``r`` it loads ``NV`` input vectors
   and broadcasts ``MR`` weights (packed ``(G, M/G/MR, R, MR)``, zero rows past
   ``M/G``). The store applies the epilogue (bias, residual ``Z``, then
   ``max(v, alpha*v)`` clamped to ``[lo, hi]``: Relu, LeakyRelu, Clip or none)
   and writes only the valid lanes and rows (``llvm.masked.store``), straight
   into ``y (N, M, OH, OW)``.
-* Work items are (image, group, output row), each its column tiles times
-  its channel blocks (the tile's input window stays in L1); more than one
-  intra-op thread splits them into ranges on :func:`._parallel.run_chunks`.
+* Work items are (image, group, output row group, channel part), each its
+  column tiles times its channel blocks (the tile's input window stays in
+  L1); more than one intra-op thread splits them into ranges on
+  :func:`._parallel.run_chunks`.
 
 Shapes: ``x (N, C, H, W)`` float32, ``w`` packed from the ``(G, M/G, C/G*KH*KW)``
 GEMM layout of :func:`.conv._pack`; ``y (N, M, OH, OW)`` float32.
@@ -39,8 +44,9 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "pack_weights", "conv2d", "make_plan", "run",
-           "Plan", "act_params", "block_of", "ACT_BOUNDS"]
+__all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW",
+           "pack_weights", "conv2d", "make_plan", "run", "phase_copy", "Plan", "act_params",
+           "block_of", "ACT_BOUNDS"]
 
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
@@ -74,6 +80,30 @@ WEIGHT_BLOCK_BYTES = 160 << 10
 #: reduction into L1-sized blocks (:data:`REDUCTION_BLOCK`) did not close that
 #: gap (1.16-2.0x on the 128-512-channel layers, same A/B)
 MAX_REDUCTION = 576
+#: with the 16-lane (AVX-512) tiles every non-depthwise float32 2-D conv takes
+#: the direct kernel (1x1 as a GEMM on x in place); the limits above are the
+#: 8-lane (AVX2) tiles'. Depthwise convs stay on :mod:`._conv_numba`
+WIDE_ALL = True
+#: ... up to this many bytes of weights: every row group sweeps all of them,
+#: so past L2-L3 sizes im2col + sgemm reuses them better (per-layer A/B, load
+#: 4-7: 3x3 512 -> 512 on 7x7, 9.4 MB, direct 7.5 ms vs 6.3; 3x3 256 -> 256 on
+#: 14x14, 2.4 MB, 3.1 vs 3.7; 128 -> 128 on 28x28, 0.6 MB, 3.1 vs 4.8)
+WIDE_MAX_WEIGHT_BYTES = 4 << 20
+#: 1x1 convs take the direct kernel only on inputs of at most this many bytes
+#: (:func:`takes_pointwise`; larger ones the GEMM on the input's view). No
+#: limit by default: isolated layers ran 1.0-1.3x onnxruntime on the direct
+#: kernel against 1.6-2.0x on the GEMM (interleaved, one process); inside
+#: mobilenetish / densenet121 (sessions with and without a 512 KB limit
+#: interleaved in one process, load 2-5) the two did not differ beyond what
+#: two identical sessions differed by (0.2-0.3 of the ratio)
+POINTWISE_MAX_INPUT_BYTES = 1 << 62
+#: widest row a flattened 1x1 conv is cut into (:func:`_flat_rows`)
+FLAT_ROW_MAX = 512
+#: several short output rows in one 16-lane tile (:data:`BLOCKS` 2, 3)
+MULTI_ROW = True
+#: a plan's work items (row groups x channel parts) are at least this many
+#: where the channel blocks allow, so two threads share them evenly
+MIN_ITEMS = 8
 
 try:
     import numba  # noqa: F401
@@ -90,9 +120,22 @@ try:
 except Exception:  # pragma: no cover - exercised only without numba / AVX2
     HAVE_KERNEL = False
 
-#: ``(MR, NV)`` register blocks: output channels x 8-float vectors of columns
-BLOCK_WIDE = (4, 2)    # rows of more than 8 output columns
-BLOCK_NARROW = (8, 1)  # rows of up to 8 output columns
+#: float lanes of the tile's vectors: 16 (``<16 x float>``, zmm) where the
+#: host has AVX-512F, else 8 (ymm). The 16-lane tiles load the input with
+#: ``llvm.masked.load`` (lanes past the row's end are not read), so a 1x1
+#: stride-1 unpadded convolution reads ``x`` in place (no phase-split copy)
+VW = 16 if HAVE_KERNEL and _features.get("avx512f") else 8
+#: ``(MR, NV)`` register blocks: output channels x VW-float vectors of
+#: columns, and output rows per tile, indexed by a plan's ``kind``
+#: (:func:`block_for`): 0 wide rows, 1 narrow rows (at most VW columns), 2 / 3
+#: two / four rows of at most VW / 2 / VW / 4 columns in one tile (each row's
+#: lanes a merge-masked load at its own offset; the rows are contiguous in y)
+BLOCKS = ((8, 2, 1), (8, 1, 1), (8, 1, 2), (8, 1, 4)) if VW == 16 else \
+    ((4, 2, 1), (8, 1, 1), (8, 1, 2), (8, 1, 4))
+BLOCK_WIDE, BLOCK_NARROW = BLOCKS[0][:2], BLOCKS[1][:2]
+_KIND_MR = tuple(b[0] for b in BLOCKS)
+_KIND_COLS = tuple(VW * b[1] for b in BLOCKS)
+_KIND_RPT = tuple(b[2] for b in BLOCKS)
 
 if HAVE_KERNEL:
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -101,8 +144,8 @@ if HAVE_KERNEL:
     def _as_i64(builder, v):
         return v if v.type == _i64 else builder.sext(v, _i64)
 
-    def _vptr(builder, base, index):
-        return builder.bitcast(builder.gep(base, [index]), _V(_f32, 8).as_pointer())
+    def _vptr(builder, base, index, n=8):
+        return builder.bitcast(builder.gep(base, [index]), _V(_f32, n).as_pointer())
 
     def _splat(builder, value, n=8, ty=None):
         ty = ty or value.type
@@ -113,7 +156,7 @@ if HAVE_KERNEL:
     #: IR helpers shared with the other direct kernels (:mod:`._pool_direct`)
     as_i64, vec_ptr, splat = _as_i64, _vptr, _splat
 
-    def _tile_codegen(mr, nv):
+    def _tile_codegen(mr, nv, vw=8, rpt=1):
         def codegen(context, builder, sig, args):
             arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
                       for i in (0, 2, 4, 6, 10, 12)]
@@ -121,9 +164,31 @@ if HAVE_KERNEL:
             (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
                 _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
             lo, hi, alpha = args[14], args[15], args[16]
-            v8f = _V(_f32, 8)
+            row_w, x_rstride = _as_i64(builder, args[20]), _as_i64(builder, args[21])
+            v8f = _V(_f32, vw)
+            masked = vw == 16 or rpt > 1  # AVX-512: masked input loads cost nothing extra
             fast = ("fast",)
-            zero = ir.Constant(v8f, [0.0] * 8)
+            zero = ir.Constant(v8f, [0.0] * vw)
+            mstore = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
+                                                                _V(_i1, vw)]),
+                f"llvm.masked.store.v{vw}f32.p0v{vw}f32")
+            mload = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _i32, _V(_i1, vw), v8f]),
+                f"llvm.masked.load.v{vw}f32.p0v{vw}f32")
+            lanes = [builder.icmp_signed(
+                "<", ir.Constant(_V(_i64, vw), list(range(vw * v, vw * v + vw))),
+                _splat(builder, ncols, vw)) for v in range(nv)]
+            row_lanes, shifts = [], []
+            if rpt > 1:
+                lane_ix = ir.Constant(_V(_i64, vw), list(range(vw)))
+                for j in range(rpt):
+                    lo_j = _splat(builder, builder.mul(row_w, _i64(j)), vw)
+                    hi_j = _splat(builder, builder.mul(row_w, _i64(j + 1)), vw)
+                    row_lanes.append(builder.and_(lanes[0], builder.and_(
+                        builder.icmp_signed(">=", lane_ix, lo_j),
+                        builder.icmp_signed("<", lane_ix, hi_j))))
+                    shifts.append(builder.mul(builder.sub(x_rstride, row_w), _i64(j)))
             entry = builder.block
             loop = builder.append_basic_block("dconv.loop")
             done = builder.append_basic_block("dconv.done")
@@ -135,12 +200,22 @@ if HAVE_KERNEL:
             for phi in accs:
                 phi.add_incoming(zero, entry)
             xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
-            xv = [builder.load(_vptr(builder, xa, builder.add(xb, _i64(8 * v))), align=4)
-                  for v in range(nv)]
+            if rpt > 1:  # lanes [j*row_w, (j+1)*row_w): output row j of the tile
+                v = zero
+                for j in range(rpt):
+                    v = builder.call(mload, [_vptr(builder, xa, builder.add(xb, shifts[j]), vw),
+                                             _i32(4), row_lanes[j], v])
+                xv = [v]
+            elif masked:
+                xv = [builder.call(mload, [_vptr(builder, xa, builder.add(xb, _i64(vw * v)), vw),
+                                           _i32(4), lanes[v], zero]) for v in range(nv)]
+            else:
+                xv = [builder.load(_vptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)
+                      for v in range(nv)]
             wb = builder.add(w_off, builder.mul(r, _i64(mr)))
             new = []
             for m in range(mr):
-                wm = _splat(builder, builder.load(builder.gep(wa, [builder.add(wb, _i64(m))])))
+                wm = _splat(builder, builder.load(builder.gep(wa, [builder.add(wb, _i64(m))])), vw)
                 for v in range(nv):
                     new.append(builder.fadd(accs[m * nv + v],
                                             builder.fmul(wm, xv[v], flags=fast), flags=fast))
@@ -157,94 +232,106 @@ if HAVE_KERNEL:
                 phi.add_incoming(zero, entry)
                 phi.add_incoming(val, loop)
                 finals.append(phi)
-            mstore = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
-                                                                _V(_i1, 8)]),
-                "llvm.masked.store.v8f32.p0v8f32")
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _i32, _V(_i1, 8), v8f]),
-                "llvm.masked.load.v8f32.p0v8f32")
-            lov, hiv, alv = (_splat(builder, s) for s in (lo, hi, alpha))
+            lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
             zflag = builder.icmp_signed("!=", has_z, _i64(0))
             # flags bit 0: add onto y's values (a later reduction block); bit 1:
             # apply the epilogue (the last block)
             accumulate = _splat(builder, builder.icmp_signed(
-                "!=", builder.and_(flags, _i64(1)), _i64(0)), ty=_i1)
+                "!=", builder.and_(flags, _i64(1)), _i64(0)), vw, ty=_i1)
             final = builder.icmp_signed("!=", builder.and_(flags, _i64(2)), _i64(0))
-            lanes = [builder.icmp_signed(
-                "<", ir.Constant(_V(_i64, 8), list(range(8 * v, 8 * v + 8))),
-                _splat(builder, ncols)) for v in range(nv)]
             for m in range(mr):
-                row_ok = _splat(builder, builder.icmp_signed("<", _i64(m), mvalid), ty=_i1)
-                bm = _splat(builder, builder.load(builder.gep(ba, [builder.add(b_off, _i64(m))])))
+                row_ok = _splat(builder, builder.icmp_signed("<", _i64(m), mvalid), vw, ty=_i1)
+                bm = _splat(builder, builder.load(builder.gep(ba, [builder.add(b_off, _i64(m))])), vw)
                 base = builder.add(y_off, builder.mul(y_stride, _i64(m)))
                 for v in range(nv):
                     mask = builder.and_(lanes[v], row_ok)
-                    at = builder.add(base, _i64(8 * v))
-                    prev = builder.call(mload, [_vptr(builder, ya, at), _i32(4),
+                    at = builder.add(base, _i64(vw * v))
+                    prev = builder.call(mload, [_vptr(builder, ya, at, vw), _i32(4),
                                                 builder.and_(mask, accumulate), zero])
                     raw = builder.fadd(finals[m * nv + v], prev, flags=fast)
                     val = builder.fadd(raw, bm, flags=fast)
-                    zmask = builder.and_(mask, _splat(builder, zflag, ty=_i1))
-                    zv = builder.call(mload, [_vptr(builder, za, at), _i32(4), zmask, zero])
+                    zmask = builder.and_(mask, _splat(builder, zflag, vw, ty=_i1))
+                    zv = builder.call(mload, [_vptr(builder, za, at, vw), _i32(4), zmask, zero])
                     val = builder.fadd(val, zv, flags=fast)
                     val = builder.select(builder.fcmp_ordered("<", val, zero),
                                          builder.fmul(val, alv, flags=fast), val)
                     val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
                     val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
                     val = builder.select(final, val, raw)
-                    builder.call(mstore, [val, _vptr(builder, ya, at), _i32(4), mask])
+                    builder.call(mstore, [val, _vptr(builder, ya, at, vw), _i32(4), mask])
             return context.get_dummy_value()
         return codegen
 
-    def _tile_intrinsic(mr, nv):
+    def _tile_intrinsic(mr, nv, rpt):
         def typer(typingctx, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                  bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags):
+                  bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride):
             return (types.void(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                               bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags),
-                    _tile_codegen(mr, nv))
-        typer.__name__ = f"_dconv_tile_{mr}x{nv}"
+                               bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w,
+                               x_rstride),
+                    _tile_codegen(mr, nv, VW, rpt))
+        typer.__name__ = f"_dconv_tile_{mr}x{nv}x{VW}r{rpt}"
         return intrinsic(typer)
 
-    _tile_wide = _tile_intrinsic(*BLOCK_WIDE)
-    _tile_narrow = _tile_intrinsic(*BLOCK_NARROW)
+    _tile0, _tile1, _tile2, _tile3 = (_tile_intrinsic(*b) for b in BLOCKS)
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _tile(kind, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+              has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride):  # pragma: no cover
+        if kind == 0:
+            _tile0(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        elif kind == 1:
+            _tile1(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        elif kind == 2:
+            _tile2(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        else:
+            _tile3(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
 
     @njit(nogil=True, cache=True)
     def _rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img, x_grp,
-              oh, ow, wj, kc, obg, wide, start, stop):  # pragma: no cover - compiled
-        """Output rows ``[start, stop)``: per row, reduction blocks of kc,
-        groups of obg channel blocks (their weights stay in L2), column tiles,
-        channel blocks (a tile's input window stays in L1 while every block
-        reads it). ``wide``: the 4 x 16 tile, else the 8 x 8 one. (One module-
-        level function: numba's cache keys closures by their cells, which an
-        intrinsic does not pickle stably, so a closure recompiled per process.)"""
-        mr = BLOCK_WIDE[0] if wide else BLOCK_NARROW[0]
-        cols = 8 * (BLOCK_WIDE[1] if wide else BLOCK_NARROW[1])
+              oh, ow, wj, kc, obg, kind, mparts, start, stop):  # pragma: no cover - compiled
+        """Work items ``[start, stop)``, each (image, group, row group, channel
+        part): per item, reduction blocks of kc, groups of obg channel blocks
+        of the part (their weights stay in L2), column tiles, channel blocks (a
+        tile's input window stays in L1 while every block reads it). ``kind``:
+        the register block (:data:`BLOCKS`); a row group is one output row, or
+        for the multi-row blocks ``rpt`` rows of at most ``VW / rpt`` columns in
+        one tile. (One module-level function: numba's cache keys closures by
+        their cells, which an intrinsic does not pickle stably, so a closure
+        recompiled per process.)"""
+        mr = _KIND_MR[kind]
+        cols = _KIND_COLS[kind]
+        rpt = _KIND_RPT[kind]
+        ngroups = (oh + rpt - 1) // rpt
+        mbp = (mb + mparts - 1) // mparts
         m = g * mg
         plane = oh * ow
         for t in range(start, stop):
-            oy = t % oh
-            rest = t // oh
+            part = t % mparts
+            t2 = t // mparts
+            oy = (t2 % ngroups) * rpt
+            rest = t2 // ngroups
             gi = rest % g
             n = rest // g
+            b0 = part * mbp
+            b1 = min(mb, b0 + mbp)
             x_row = n * x_img + gi * x_grp + oy * wj
             for r0 in range(0, nr, kc):
                 kn = min(kc, nr - r0)
                 flags = (1 if r0 > 0 else 0) | (2 if r0 + kn >= nr else 0)
-                for og in range(0, mb, obg):
+                for og in range(b0, b1, obg):
                     for ox0 in range(0, ow, cols):
-                        for ob in range(og, min(mb, og + obg)):
+                        ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
+                        for ob in range(og, min(b1, og + obg)):
                             mvalid = min(mr, mg - ob * mr)
                             w_off = ((gi * mb + ob) * nr + r0) * mr
                             y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
-                            if wide:
-                                _tile_wide(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
-                                           ow - ox0, bias, (gi * mb + ob) * mr, z, has_z, lo,
-                                           hi, alpha, mvalid, r0, flags)
-                            else:
-                                _tile_narrow(xs, x_row + ox0, offs, kn, wp, w_off, y, y_at,
-                                             plane, ow - ox0, bias, (gi * mb + ob) * mr, z,
-                                             has_z, lo, hi, alpha, mvalid, r0, flags)
+                            _tile(kind, xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
+                                  ncols, bias, (gi * mb + ob) * mr, z, has_z, lo, hi, alpha,
+                                  mvalid, r0, flags, ow, wj)
 
 #: activation -> (alpha, lo, hi) of ``min(max(where(v < 0, alpha*v, v), lo), hi)``
 ACT_BOUNDS = {"": (1.0, -np.inf, np.inf), "Relu": (1.0, 0.0, np.inf)}
@@ -265,7 +352,18 @@ def act_params(act: str, params=()) -> tuple[float, float, float] | None:
 
 def block_of(ow: int) -> tuple[int, int]:
     """The ``(MR, NV)`` register block for rows of ``ow`` output columns."""
-    return BLOCK_NARROW if ow <= 8 else BLOCK_WIDE
+    return BLOCKS[block_for(ow)][:2]
+
+
+def block_for(ow: int) -> int:
+    """The register block (index into :data:`BLOCKS`) for rows of ``ow``
+    output columns: wide; narrow for rows of at most VW; with the 16-lane
+    tiles, several rows in one tile for rows of at most VW / 2 columns."""
+    if ow > VW:
+        return 0
+    if VW == 16 and MULTI_ROW and 2 * ow <= VW:
+        return 3 if 4 * ow <= VW else 2
+    return 1
 
 
 def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> bool:
@@ -273,23 +371,56 @@ def applies(dtype, channels: int, kernel, group: int, mg: int, out_shape) -> boo
     channels in ``dtype`` to ``mg`` output channels per group (float32, 2-D,
     the kernel built, enabled, a reduction ``channels / group * KH * KW`` in
     ``[MIN_REDUCTION, MAX_REDUCTION]``, and at most :data:`MAX_MG` output channels
-    per group unless the output plane has at most :data:`SMALL_PLANE` pixels)."""
+    per group unless the output plane has at most :data:`SMALL_PLANE` pixels;
+    with the 16-lane tiles every non-depthwise one up to
+    :data:`WIDE_MAX_WEIGHT_BYTES` of weights, see :data:`WIDE_ALL`)."""
     if not (ENABLED and HAVE_KERNEL) or np.dtype(dtype) != np.float32 or len(kernel) != 2:
         return False
+    if channels // group == 1 and group > 1:
+        return False  # depthwise: the compiled per-plane kernel of _conv_numba
+    if VW == 16 and WIDE_ALL:
+        return 4 * group * mg * (channels // group) * math.prod(kernel) <= WIDE_MAX_WEIGHT_BYTES
     if not MIN_REDUCTION <= (channels // group) * math.prod(kernel) <= MAX_REDUCTION:
         return False
     return mg <= MAX_MG or math.prod(out_shape) <= SMALL_PLANE
 
 
-def pack_weights(wpack: np.ndarray, ow: int) -> np.ndarray:
+def takes_pointwise(x_shape=None) -> bool:
+    """Whether a 1x1 convolution of an input of ``x_shape`` (None: any) takes
+    the direct kernel (the 16-lane tiles with :data:`WIDE_ALL`, an input of at
+    most :data:`POINTWISE_MAX_INPUT_BYTES`), rather than the GEMM on the
+    input's view."""
+    if not (ENABLED and HAVE_KERNEL and VW == 16 and WIDE_ALL):
+        return False
+    return x_shape is None or 4 * math.prod(x_shape) <= POINTWISE_MAX_INPUT_BYTES
+
+
+def pack_weights(wpack: np.ndarray, ow: int, mr: int | None = None) -> np.ndarray:
     """``(G, Mg, R)`` GEMM-layout weights -> ``(G, ceil(Mg/MR), R, MR)`` float32
-    (zero rows past ``Mg``), ``MR`` from :func:`block_of` ``(ow)``."""
+    (zero rows past ``Mg``), ``MR`` given (a plan's ``mr``) or from
+    :func:`block_of` ``(ow)``."""
     g, mg, r = wpack.shape
-    mr = block_of(ow)[0]
+    mr = mr or block_of(ow)[0]
     mb = -(-mg // mr)
     wp = np.zeros((g, mb * mr, r), np.float32)
     wp[:, :mg] = wpack
     return np.ascontiguousarray(wp.reshape(g, mb, mr, r).transpose(0, 1, 3, 2))
+
+
+def _flat_rows(hw: int, cols: int) -> int:
+    """Row width for a 1x1 stride-1 conv's ``hw`` output pixels seen as
+    ``(hw / width, width)`` rows (any factorisation is the same GEMM): the
+    divisor of ``hw`` up to :data:`FLAT_ROW_MAX` wasting the fewest tile lanes,
+    the widest among those."""
+    best, best_key = hw, None
+    for d in range(1, min(hw, FLAT_ROW_MAX) + 1):
+        if hw % d:
+            continue
+        waste = (-(-d // cols) * cols - d) / d
+        key = (round(waste, 3), -d)
+        if best_key is None or key < best_key:
+            best, best_key = d, key
+    return best
 
 
 def _offsets(cg, kernel, strides, dilations, hi, wj):
@@ -310,7 +441,7 @@ class Plan:
     """Everything :func:`run` needs that depends only on the input signature
     (from :func:`make_plan`; immutable, shareable between threads)."""
 
-    __slots__ = ("offs", "total", "copies", "xs_shape", "y_shape", "rows", "ints", "items",
+    __slots__ = ("offs", "total", "copies", "table", "xs_shape", "y_shape", "rows", "ints", "items",
                  "mr", "mb", "mg", "g", "split", "key")
 
     def __init__(self, **kw):
@@ -319,9 +450,12 @@ class Plan:
 
 
 def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
-              out_shape) -> Plan:
+              out_shape, *, flatten: bool = False) -> Plan:
     """The :class:`Plan` of ``x (N, C, H, W)`` convolved with ``(G, M/G, R)``
-    GEMM-layout weights (geometry as :func:`conv2d`'s arguments)."""
+    GEMM-layout weights (geometry as :func:`conv2d`'s arguments). ``flatten``
+    (convolutions only): a 1x1 stride-1 unpadded conv with the 16-lane tiles
+    reads ``x`` in place as rows of :func:`_flat_rows` pixels (``copies`` is
+    then None)."""
     n, c, h, w = x_shape
     g, mg, r = wpack_shape
     cg = c // group
@@ -329,8 +463,19 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
     sh, sw = strides
     dh, dw = dilations
     oh, ow = out_shape
-    mr, nv = block_of(ow)
+    y_shape = (n, group * mg, oh, ow)
+    inplace = flatten and VW == 16 and (kh, kw) == (1, 1) and (sh, sw) == (1, 1) \
+        and tuple(pb) == (0, 0) and (oh, ow) == (h, w)
+    if inplace:  # the same GEMM on rows of another width: fewer wasted lanes
+        ow = _flat_rows(h * w, _KIND_COLS[block_for(h * w)])
+        oh = h * w // ow
+        h, w = oh, ow
+    kind = block_for(ow)
+    mr, nv, rpt = BLOCKS[kind]
     mb = -(-mg // mr)
+    # channel parts per row group: at least MIN_ITEMS items to share out
+    row_items = n * g * -(-oh // rpt)
+    mparts = max(1, min(mb, -(-MIN_ITEMS // row_items)))
     # padded extent that the taps reach, rounded up to whole phases
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pb[0] + h)
     wpd = max((ow - 1) * sw + (kw - 1) * dw + 1, pb[1] + w)
@@ -338,10 +483,12 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
     x_grp = cg * sh * sw * hi_ * wj
     x_img = group * x_grp
     offs = _offsets(cg, kernel, strides, dilations, hi_, wj)
-    ncol = -(-ow // (8 * nv)) * 8 * nv
+    ncol = -(-ow // (VW * nv)) * VW * nv
     need = (n - 1) * x_img + (group - 1) * x_grp + (oh - 1) * wj + ncol + int(offs.max())
     t, l = pb
-    copies = []
+    copies, table = [], []
+    # phases some tap reads (a 1x1 stride-2 conv reads one of four)
+    used = {((ky * dh) % sh, (kx * dw) % sw) for ky in range(kh) for kx in range(kw)}
     for py in range(sh):
         # padded rows i*sh + py that hold input rows: input row = i*sh + py - t
         i0 = max(0, -(-(t - py) // sh))
@@ -351,19 +498,21 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
         for px in range(sw):
             j0 = max(0, -(-(l - px) // sw))
             j1 = min(wj, (w - 1 + l - px) // sw + 1)
-            if j1 <= j0:
+            if j1 <= j0 or (py, px) not in used:
                 continue
             r0, c0 = i0 * sh + py - t, j0 * sw + px - l
+            table.append((py * sw + px, i0, i1, j0, j1, i0 * sh + py - t, j0 * sw + px - l, sh))
             copies.append(((slice(None), slice(None), py * sw + px, slice(i0, i1), slice(j0, j1)),
                            (slice(None), slice(None), slice(r0, r0 + (i1 - i0 - 1) * sh + 1, sh),
                             slice(c0, c0 + (j1 - j0 - 1) * sw + 1, sw))))
-    return Plan(offs=offs, total=max(need, n * x_img), copies=tuple(copies),
-                xs_shape=(n, c, sh * sw, hi_, wj), y_shape=(n, group * mg, oh, ow),
+    return Plan(offs=offs, total=max(need, n * x_img), copies=None if inplace else tuple(copies),
+                table=np.array(table, np.int64).reshape(-1, 8),
+                xs_shape=(n, c, sh * sw, hi_, wj), y_shape=y_shape,
                 rows=_rows,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
                       max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK))),
-                      (mr, nv) == BLOCK_WIDE),
-                items=n * g * oh, mr=mr, mb=mb,
+                      kind, mparts),
+                items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
                      tuple(dilations), tuple(pb), tuple(out_shape)))
@@ -375,10 +524,11 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     bias + z``: ``x`` of the plan's input shape (float32), ``wp`` the
     :func:`pack_weights` of the weights for the plan's output width, ``bias``
     ``(M,)`` or None, ``z`` of the output's shape or None."""
-    buf = np.zeros(plan.total, np.float32)
-    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
-    for dst, src in plan.copies:
-        xs[dst] = x[src]
+    if plan.copies is None:  # read in place (masked loads: nothing past the rows)
+        buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    else:
+        buf = np.zeros(plan.total, np.float32)
+        phase_copy(plan, x, buf)
     y = np.empty(plan.y_shape, np.float32)
     mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
@@ -407,9 +557,36 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     return y
 
 
+def phase_copy(plan: Plan, x: np.ndarray, buf: np.ndarray) -> None:
+    """Copy ``x`` (the plan's input shape, ``buf``'s dtype) into the
+    phase-split buffer ``buf`` (flat, pads left as they are): the compiled row
+    copies (:data:`COMPILED_COPY`), else numpy slice assignments."""
+    n, c, nphase, hi, wj = plan.xs_shape
+    if COMPILED_COPY and HAVE_KERNEL and x.ndim == 4:
+        from ._conv_vec import phase_copy_rows
+        xf = np.ascontiguousarray(x, dtype=buf.dtype).reshape(-1)
+        sw = plan.key[4][1]  # the column stride
+        phase_copy_rows(xf, buf, plan.table, c, x.shape[2], x.shape[3], nphase, hi, wj, sw, 0, n * c)
+        return
+    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
+    for dst, src in plan.copies:
+        xs[dst] = x[src]
+
+
+#: copy the input into the phase-split buffer with the compiled row copies
+COMPILED_COPY = True
+
+
 def current_threads() -> int:
-    from ._threads import current
-    return current()
+    """The intra-op thread count (:func:`._threads.current`)."""
+    global _current
+    if _current is None:
+        from ._threads import current
+        _current = current
+    return _current()
+
+
+_current = None
 
 
 def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, kernel,
@@ -432,9 +609,10 @@ def conv2d(x: np.ndarray, wpack: np.ndarray, wp: np.ndarray | None, group: int, 
     ap = act_params(act, params)
     if ap is None:
         raise ValueError(f"direct conv: activation {act!r} is not fused in the store")
-    if wp is None:
-        wp = pack_weights(wpack, out_shape[1])
-    plan = make_plan(x.shape, wpack.shape, group, kernel, strides, dilations, pb, out_shape)
+    plan = make_plan(x.shape, wpack.shape, group, kernel, strides, dilations, pb, out_shape,
+                     flatten=True)
+    if wp is None or wp.shape[-1] != plan.mr:
+        wp = pack_weights(wpack, out_shape[1], plan.mr)
     return run(plan, x, wp, bias, z, *ap)
 
 

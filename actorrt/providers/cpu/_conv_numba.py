@@ -36,6 +36,42 @@ try:
 except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
+if HAVE_NUMBA:
+    from . import _conv_vec as _cv
+    #: depthwise planes summed, copied in and stored by the vectorized LLVM
+    #: row kernels (:mod:`._conv_vec`: every tap a masked vector load at its
+    #: flat offset) where they are built; else numba's loops
+    DW_TILE = _cv.HAVE_KERNEL
+    if _cv.HAVE_KERNEL:
+        _dw_sum, _dw_store, _copy1, _copy2 = _cv.dw_sum, _cv.dw_store, _cv.copy1, _cv.copy2
+    else:  # pragma: no cover - without the AVX2 kernel
+        @njit(nogil=True, cache=True)
+        def _dw_sum(ph, offs, kk, w, w_off, acc, n, bias):
+            for t in range(n):
+                acc[t] = bias
+            for k in range(kk):
+                for t in range(n):
+                    acc[t] += w[w_off + k] * ph[offs[k] + t]
+
+        @njit(nogil=True, cache=True)
+        def _dw_store(acc, a_off, y, y_off, z, z_off, has_z, n, alpha, lo, hi):
+            for i in range(n):
+                v = acc[a_off + i] + (z[z_off + i] if has_z else 0)
+                v = alpha * v if v < 0 else v
+                y[y_off + i] = min(max(v, lo), hi)
+
+        @njit(nogil=True, cache=True)
+        def _copy1(src, s_off, dst, d_off, n):
+            for i in range(n):
+                dst[d_off + i] = src[s_off + i]
+
+        @njit(nogil=True, cache=True)
+        def _copy2(src, s_off, dst, d_off, n):
+            for i in range(n):
+                dst[d_off + i] = src[s_off + 2 * i]
+else:  # pragma: no cover
+    DW_TILE = False
+
 #: numba's workqueue threading layer aborts on parallel launches from two
 #: Python threads at once (segments may run concurrently): one at a time (the
 #: compiled pooling of :mod:`._pool_numba` takes it too)
@@ -113,7 +149,7 @@ if HAVE_NUMBA:
     # are applied copying the rows out. (The previous kernel, row by row with
     # the edge columns tap by tap, ran at 1.5-5 GFLOP/s here.)
     @njit(nogil=True, cache=True, fastmath=True, boundscheck=False)
-    def _depthwise_serial(x, w, bias, z, y, sh, sw, dh, dw, pt, pl, ep, has_z,
+    def _depthwise_serial(x, w, bias, z, y, sh, sw, dh, dw, pt, pl, ep, has_z, tile,
                           start, stop):  # pragma: no cover - compiled
         alpha, lo, hi = ep[0], ep[1], ep[2]  # x's dtype (no float64 promotion in the store)
         c, h, wd = x.shape[1], x.shape[2], x.shape[3]
@@ -129,16 +165,36 @@ if HAVE_NUMBA:
         kk = kh * kw
         tp = np.empty(kk, np.int64)  # phase plane of each tap
         to = np.empty(kk, np.int64)  # flat offset in it
+        fo = np.empty(kk, np.int64)  # flat offset in ph
         for i in range(kh):
             for j in range(kw):
                 tp[i * kw + j] = ((i * dh) % sh) * sw + (j * dw) % sw
                 to[i * kw + j] = ((i * dh) // sh) * wq + (j * dw) // sw
+                fo[i * kw + j] = tp[i * kw + j] * hq * wq + to[i * kw + j]
+        phf = ph.reshape(sh * sw * hq * wq)
+        wf = w.reshape(m * kk)
+        xf = x.reshape(x.size)
         last = -1
         for nm in range(start, stop):
             b = nm // m
             oc = nm % m
             ic = oc // mult
-            if b * c + ic != last:  # copy the input plane in (once per channel multiplier run)
+            if tile and b * c + ic != last and sw <= 2:  # vector row copies on flat offsets
+                last = b * c + ic
+                for iy in range(h):
+                    ry = iy + pt
+                    src = ((b * c + ic) * h + iy) * wd
+                    for p in range(sw):
+                        ix0 = (p - pl) % sw
+                        if ix0 >= wd:
+                            continue
+                        cnt = (wd - 1 - ix0) // sw + 1
+                        dst = ((ry % sh) * sw + p) * hq * wq + (ry // sh) * wq + (ix0 + pl) // sw
+                        if sw == 1:
+                            _copy1(xf, src + ix0, phf, dst, cnt)
+                        else:
+                            _copy2(xf, src + ix0, phf, dst, cnt)
+            elif b * c + ic != last:  # copy the input plane in (once per channel multiplier run)
                 last = b * c + ic
                 xpl = x[b, ic]
                 for iy in range(h):
@@ -162,7 +218,9 @@ if HAVE_NUMBA:
                                 ph[pp, k0 + t] = xr[ix0 + t * sw]
             wp = w[oc, 0]
             bv = bias[oc]
-            if kh == 3 and kw == 3 and dw == 1 and sw <= 2:
+            if tile:
+                _dw_sum(phf, fo, kk, wf, oc * kk, acc, n_t, bv)
+            elif kh == 3 and kw == 3 and dw == 1 and sw <= 2:
                 # one view per kernel row (and column phase): a loop over more
                 # than ~8 arrays is not vectorized (LLVM's runtime alias-check
                 # limit), taps j = 1, 2 at constant offsets of the same view are
@@ -200,8 +258,14 @@ if HAVE_NUMBA:
                         wv = wp[i, j]
                         for t in range(n_t):
                             acc[t] += wv * xr[t]
+            if tile:  # the vectorized row stores
+                yf = y.reshape(y.size)
+                zf = z.reshape(z.size)
+                for oy in range(oh):
+                    o = ((b * m + oc) * oh + oy) * ow
+                    _dw_store(acc, oy * wq, yf, o, zf, o if has_z else 0, has_z, ow, alpha, lo, hi)
             # (element indices from here: a view per row cost as much as the row)
-            if has_z:
+            elif has_z:
                 for oy in range(oh):
                     for q in range(ow):
                         v = acc2[oy, q] + z[b, oc, oy, q]
@@ -293,6 +357,6 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     run_planes(_depthwise_serial, None,
                (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
                 strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
-                np.array([alpha, lo, hi], x.dtype), z is not None),
+                np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE),
                n * m, y.size * w.shape[2] * w.shape[3])
     return y

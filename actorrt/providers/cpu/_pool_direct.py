@@ -2,10 +2,11 @@
 convolution's phase-split input (:mod:`._conv_direct`).
 
 The input is copied once into the phase-split buffer padded with ``-inf``
-(:func:`._conv_direct.make_plan` with one channel per group); an AVX2 tile
-(an LLVM intrinsic) then takes ``8 * NV`` consecutive outputs of one output
-row as ``llvm.maxnum`` (IEEE ``maxNum``: a NaN operand loses to a number, as
-``np.fmax``) over the window's taps, starting from the first tap, and stores
+(:func:`._conv_direct.make_plan` with one channel per group; the compiled
+row copies of :mod:`._conv_vec`); a tile (an LLVM intrinsic: one 16-lane
+vector with AVX-512, two 8-lane ones with AVX2) then takes 16 consecutive
+outputs of one output row as ``llvm.maxnum`` (IEEE ``maxNum``: a NaN operand
+loses to a number, as ``np.fmax``) over the window's taps, starting from the first tap, and stores
 the valid lanes (``llvm.masked.store``). So the result equals the numpy tap
 path of :mod:`.pool` (``np.fmax`` in tap order over a ``-inf``-padded input)
 bit for bit: NaN skipped where the window has a number or a pad, NaN where it
@@ -44,16 +45,16 @@ if HAVE_KERNEL:
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
     _V = ir.VectorType
 
-    def _max_codegen(nv):
+    def _max_codegen(nv, vw=8):
         def codegen(context, builder, sig, args):
             xa, oa, ya = [context.make_array(sig.args[i])(context, builder, args[i]).data
                           for i in (0, 2, 4)]
             x_off, ntaps, y_off, ncols = [_cd.as_i64(builder, args[i]) for i in (1, 3, 5, 6)]
-            v8f = _V(_f32, 8)
+            v8f = _V(_f32, vw)
             vmax = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v8f, [v8f, v8f]), "llvm.maxnum.v8f32")
+                builder.module, ir.FunctionType(v8f, [v8f, v8f]), f"llvm.maxnum.v{vw}f32")
             first = builder.add(x_off, builder.load(oa))
-            init = [builder.load(_cd.vec_ptr(builder, xa, builder.add(first, _i64(8 * v))), align=4)
+            init = [builder.load(_cd.vec_ptr(builder, xa, builder.add(first, _i64(vw * v)), vw), align=4)
                     for v in range(nv)]
             entry = builder.block
             loop = builder.append_basic_block("maxpool.loop")
@@ -67,7 +68,7 @@ if HAVE_KERNEL:
                 phi.add_incoming(val, entry)
             xb = builder.add(x_off, builder.load(builder.gep(oa, [t])))
             new = [builder.call(vmax, [accs[v], builder.load(
-                _cd.vec_ptr(builder, xa, builder.add(xb, _i64(8 * v))), align=4)])
+                _cd.vec_ptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)])
                 for v in range(nv)]
             t1 = builder.add(t, _i64(1))
             t.add_incoming(t1, loop)
@@ -77,8 +78,8 @@ if HAVE_KERNEL:
             builder.position_at_end(done)
             mstore = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
-                                                                _V(_i1, 8)]),
-                "llvm.masked.store.v8f32.p0v8f32")
+                                                                _V(_i1, vw)]),
+                f"llvm.masked.store.v{vw}f32.p0v{vw}f32")
             finals = []
             for v in range(nv):  # every phi first, then the stores
                 phi = builder.phi(v8f)
@@ -87,20 +88,21 @@ if HAVE_KERNEL:
                 finals.append(phi)
             for v, phi in enumerate(finals):
                 mask = builder.icmp_signed(
-                    "<", ir.Constant(_V(_i64, 8), list(range(8 * v, 8 * v + 8))),
-                    _cd.splat(builder, ncols))
-                builder.call(mstore, [phi, _cd.vec_ptr(builder, ya, builder.add(y_off, _i64(8 * v))),
+                    "<", ir.Constant(_V(_i64, vw), list(range(vw * v, vw * v + vw))),
+                    _cd.splat(builder, ncols, vw))
+                builder.call(mstore, [phi, _cd.vec_ptr(builder, ya, builder.add(y_off, _i64(vw * v)), vw),
                                       _i32(4), mask])
             return context.get_dummy_value()
         return codegen
 
-    def _max_intrinsic(nv):
+    def _max_intrinsic(nv, vw):
         def typer(typingctx, xs, x_off, offs, ntaps, y, y_off, ncols):
-            return types.void(xs, x_off, offs, ntaps, y, y_off, ncols), _max_codegen(nv)
-        typer.__name__ = f"_maxpool_tile_x{nv}"
+            return types.void(xs, x_off, offs, ntaps, y, y_off, ncols), _max_codegen(nv, vw)
+        typer.__name__ = f"_maxpool_tile_x{nv}x{vw}"
         return intrinsic(typer)
 
-    _tile2 = _max_intrinsic(2)
+    #: 16 columns per tile: one 16-lane vector with AVX-512 (:data:`._conv_direct.VW`), else two
+    _tile2 = _max_intrinsic(16 // _cd.VW, _cd.VW)
 
     @njit(nogil=True, cache=True)
     def _rows(xs, offs, y, ntaps, x_plane, oh, ow, wj, start, stop):  # pragma: no cover
@@ -131,9 +133,7 @@ def maxpool2d(plan: "_cd.Plan", x: np.ndarray) -> np.ndarray:
     """``y (N, C, OH, OW)``: the max over each window (see the module doc) of
     ``x`` of the plan's input shape, float32."""
     buf = np.full(plan.total + 16, -np.inf, np.float32)  # 16: the tiles' over-read
-    xs = buf[:math.prod(plan.xs_shape)].reshape(plan.xs_shape)
-    for dst, src in plan.copies:
-        xs[dst] = x[src]
+    _cd.phase_copy(plan, x, buf)
     n, c, oh, ow = plan.y_shape
     y = np.empty(plan.y_shape, np.float32)
     x_plane = math.prod(plan.xs_shape[2:])

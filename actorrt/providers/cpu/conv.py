@@ -4,10 +4,12 @@ CausalConvWithState and Col2Im (ONNX spec, every since-version up to opset 28).
 Layout ``(N, C, D1, ..., Dn)``; weights ``(M, C/group, k1, ..., kn)`` (Conv) or
 ``(C, M/group, k1, ..., kn)`` (ConvTranspose). Float16/bfloat16 accumulate in
 float32; the integer convolutions accumulate exactly in float64 GEMMs.
-Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (small
-channel counts, not 1x1, not depthwise) run the direct register-blocked kernel
-with the epilogue in its store; the rest go through :func:`._conv_util.conv_core`
-(im2col / 1x1 GEMM on OpenBLAS, the compiled depthwise kernel).
+Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (not
+depthwise; on AVX2 hosts small channel counts and not 1x1, on AVX-512 hosts
+every one up to 4 MB of weights, 1x1 included) run the direct register-blocked
+kernel with the epilogue in its store; 2-D depthwise convs run the compiled
+depthwise kernel with the epilogue in its store; the rest go through
+:func:`._conv_util.conv_core` (im2col / 1x1 GEMM on OpenBLAS).
 """
 
 from __future__ import annotations
@@ -199,12 +201,46 @@ class Conv(_PackedWeightConv):
             return None
         if self._wpack is not None:
             wpack = self._wpack
-            wp = self._cached("_dwp_cache", plan.mr, lambda: cdr.pack_weights(wpack, plan.y_shape[3]))
+            wp = self._cached("_dwp_cache", plan.mr,
+                              lambda: cdr.pack_weights(wpack, plan.y_shape[3], plan.mr))
         else:
             wp = cdr.pack_weights(_pack(w, int(self.node.attr("group", 1)), np.float32),
-                                  plan.y_shape[3])
+                                  plan.y_shape[3], plan.mr)
         y = cdr.run(plan, x, wp, b, z, *ap)
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
+        return y
+
+    def _depthwise(self, x, w, b, z, act: str, params=()):
+        """A 2-D depthwise conv (one input channel per group) with bias, Z and
+        the activation in the compiled kernel's store
+        (:func:`._conv_numba.depthwise2d`), or None where that path does not
+        apply (numba missing, dtype, rank, not depthwise, an activation the
+        store lacks, shapes the other paths reject with their own errors)."""
+        from . import _conv_direct as cdr, _conv_util as cu
+        if x.ndim != 4 or w.ndim != 4 or x.dtype not in (np.float32, np.float64) or not cu.COMPILED:
+            return None
+        group = int(self.node.attr("group", 1))
+        if w.shape[1] != 1 or group == 1 or x.shape[1] != group or w.shape[0] % group:
+            return None
+        ap = cdr.act_params(act, params)
+        if ap is None:
+            return None
+        from . import _conv_numba as cn
+        if not cn.HAVE_NUMBA:
+            return None
+        kernel, strides, dil, out, pb, pe = self._cached(
+            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
+        if tuple(kernel) != tuple(w.shape[2:]):
+            return None
+        m = w.shape[0]
+        if b is not None and np.size(b) != m:
+            return None
+        if z is not None and z.shape != (x.shape[0], m, *out):
+            return None
+        alpha, lo, hi = ap
+        y = cn.depthwise2d(x, w, strides, dil, pb, out, b, z, alpha, lo, hi)
+        tracing.kernel_variant("conv", "depthwise", "kernel=%s, epilogue in the store", kernel)
+        tracing.kernel_variant("conv_impl", "compiled")
         return y
 
     def _direct_plan(self, x_shape, w_shape):
@@ -214,18 +250,22 @@ class Conv(_PackedWeightConv):
         group = int(self.node.attr("group", 1))
         cg = w_shape[1]
         if len(x_shape) != 4 or len(w_shape) != 4 or x_shape[1] != cg * group \
-                or w_shape[0] % group or (cg == 1 and group > 1):
+                or w_shape[0] % group:
             return False
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
-        if kernel[0] * kernel[1] == 1 or tuple(kernel) != tuple(w_shape[2:]):
-            return False  # 1x1: the GEMM on the input's view is faster
+        if tuple(kernel) != tuple(w_shape[2:]):
+            return False
+        if kernel[0] * kernel[1] == 1 and not cdr.takes_pointwise(x_shape):
+            return False  # 1x1 on the 8-lane tiles: the GEMM on the input's view is faster
         if not cdr.applies(np.float32, x_shape[1], kernel, group, w_shape[0] // group, out):
             return False
         return cdr.make_plan(tuple(x_shape), (group, w_shape[0] // group, cg * kernel[0] * kernel[1]),
-                             group, kernel, strides, dil, pb, out)
+                             group, kernel, strides, dil, pb, out, flatten=True)
 
     def run(self, x, w, b=None, *, workspace=()):
         y = self._direct(x, w, b, None, "")
+        if y is None:
+            y = self._depthwise(x, w, b, None, "")
         if y is not None:
             return y
         y = self._conv(x, w, workspace)
@@ -258,6 +298,8 @@ class FusedConv(Conv):
 
     def run(self, x, w, b=None, z=None, *, workspace=()):
         y = self._direct(x, w, b, z, self._act_name, self._act_params)
+        if y is None:
+            y = self._depthwise(x, w, b, z, self._act_name, self._act_params)
         if y is not None:
             return y
         y = self._conv(x, w, workspace)

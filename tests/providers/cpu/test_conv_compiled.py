@@ -111,6 +111,79 @@ def test_direct_conv_matches_onnxruntime(case, drivers, monkeypatch):
     assert len(direct) == len(spans) == 2, spans
 
 
+#: 1x1 convs (in place as flattened rows at stride 1 without pads, the used
+#: phase copied otherwise) and rows of at most 8 columns (several rows in one
+#: 16-lane tile)
+WIDE_CASES = [
+    (1, 5, 7, 5, 9, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),       # 35 pixels
+    (2, 8, 16, 20, 17, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),    # 320 = 10 rows of 32
+    (1, 6, 1, 1, 4, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),       # one pixel
+    (1, 6, 9, 9, 12, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1, None),      # strided: one phase
+    (2, 8, 6, 7, 8, (1, 1), (1, 1), (1, 1, 0, 0), (1, 1), 2, None),       # padded 1x1, groups
+    (1, 16, 4, 4, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),     # 4 rows of 4 per tile
+    (2, 8, 7, 6, 8, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),       # 2 rows of 6, 7 rows
+    (1, 8, 5, 3, 8, (3, 3), (1, 1), None, (1, 1), 2, "SAME_UPPER"),       # 4 rows of 3, groups
+    (1, 8, 11, 5, 9, (3, 3), (2, 2), (1, 0, 1, 2), (1, 1), 1, None),      # strided, 3 columns
+    (1, 8, 3, 9, 8, (3, 3), (1, 1), (1, 1, 1, 1), (2, 1), 1, None),       # 9 columns: narrow
+]
+
+
+@pytest.mark.parametrize("copy", ["compiled", "numpy"])
+@pytest.mark.parametrize("multi_row", [True, False])
+@pytest.mark.parametrize("drivers", ["chunks", "serial"])
+@pytest.mark.parametrize("case", WIDE_CASES)
+def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, copy, monkeypatch):
+    """The 16-lane (AVX-512) tiles' own cases: 1x1 convs read in place,
+    short rows several to a tile (or one each), rows / channel parts split
+    across two threads or run serially; the phase-split input copied by the
+    compiled row copies or numpy's slice assignments."""
+    if not _conv_direct.HAVE_KERNEL:
+        pytest.skip("no numba / AVX2+FMA: the direct kernel is not built")
+    monkeypatch.setattr(_conv_direct, "COMPILED_COPY", copy == "compiled")
+    monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
+    monkeypatch.setattr(_conv_direct, "MULTI_ROW", multi_row)
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
+    with actorrt.InferenceSession(model, opts) as s:
+        got = s.run(None, {"x": x})
+        got2 = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got2[0], got[0])
+    pointwise = case[5] == (1, 1)
+    direct = [a for a in spans if a.get("kernel_variant.conv", {}).get("variant") == "direct"]
+    takes = _conv_direct.takes_pointwise(case[:4])
+    assert len(direct) == (2 if takes or not pointwise else 0), spans
+
+
+def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):
+    """A 1x1 conv on an input past POINTWISE_MAX_INPUT_BYTES declines the
+    direct kernel (the GEMM on the input's view), the same values."""
+    monkeypatch.setattr(_conv_direct, "POINTWISE_MAX_INPUT_BYTES", 64)
+    model, x = _model(WIDE_CASES[1])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert [a["kernel_variant.conv"]["variant"] for a in spans] == ["1x1"]
+
+
+def test_flat_rows_and_blocks():
+    """The flattened 1x1 row width divides the pixel count and wastes the
+    fewest lanes; the multi-row blocks fit their rows in one tile."""
+    for hw in (1, 7, 35, 100, 400, 1600, 3136, 6400):
+        for cols in (16, 32):
+            d = _conv_direct._flat_rows(hw, cols)
+            assert hw % d == 0 and d <= max(_conv_direct.FLAT_ROW_MAX, 1)
+    assert _conv_direct._flat_rows(1600, 32) % 32 == 0
+    for ow in range(1, 40):
+        mr, nv, rpt = _conv_direct.BLOCKS[_conv_direct.block_for(ow)]
+        assert rpt == 1 or rpt * ow <= _conv_direct.VW * nv
+
+
 def test_im2col_numpy_below_min_threads(monkeypatch):
     """One numba thread: patch building stays numpy (depthwise stays compiled)."""
     if not _conv_numba.HAVE_NUMBA:
@@ -186,33 +259,38 @@ def test_serial_blas_nests_and_restores_the_pool():
                 _threads.apply(info["num_threads"])
 
 
+@pytest.mark.parametrize("k", [3, 1, "dw"])
 @pytest.mark.parametrize("epilogue", ["compiled", "numpy", "direct"])
 @pytest.mark.parametrize("act,params", [("", []), ("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.7]),
                                         ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4])])
 @pytest.mark.parametrize("with_z", [False, True])
 @pytest.mark.parametrize("with_b", [False, True])
-def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, monkeypatch):
+def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, epilogue, k, monkeypatch):
     """com.microsoft FusedConv: bias, residual Z and the activation in one
     compiled pass (Relu / LeakyRelu / Clip / none), in the direct kernel's
-    store (the same four) or the numpy epilogue."""
+    store (the same four; a 1x1 conv there read in place; a depthwise conv
+    in the compiled depthwise kernel's store) or the numpy epilogue."""
     from actorrt.providers.cpu import conv as conv_mod
     monkeypatch.setattr(conv_mod, "COMPILED_EPILOGUE", epilogue == "compiled")
     monkeypatch.setattr(_conv_direct, "ENABLED", epilogue == "direct")
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)  # plane ranges split across threads
     n, c, h, w, m = 2, 3, 9, 11, 5
+    group = 1
+    if k == "dw":
+        k, c, m, group = 3, 4, 8, 4
     ins = ["x", "W", "B" if with_b else ""]
     if with_z:
         ins.append("Z")
     while ins and not ins[-1]:
         ins.pop()
-    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    attrs = {"kernel_shape": [k, k], "pads": [k // 2] * 4, "group": group}
     if act:
         attrs["activation"] = act
     if params:
         attrs["activation_params"] = params
     node = helper.make_node("FusedConv", ins, ["y"], domain="com.microsoft", **attrs)
-    inits = [numpy_helper.from_array(RNG.standard_normal((m, c, 3, 3)).astype(np.float32), "W")]
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c // group, k, k)).astype(np.float32), "W")]
     if with_b:
         inits.append(numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B"))
     vis = [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])]
@@ -228,7 +306,14 @@ def test_fused_conv_epilogue_matches_onnxruntime(act, params, with_z, with_b, ep
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     fusable = act in ("", "Relu", "LeakyRelu", "Clip")
-    direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL
+    direct = epilogue == "direct" and fusable and _conv_direct.HAVE_KERNEL and group == 1 and (
+        k > 1 or _conv_direct.takes_pointwise((n, c, h, w)))
+    if group > 1:  # depthwise: the compiled kernel's store unless numba is missing
+        dw = fusable and _conv_numba.HAVE_NUMBA
+        assert any("epilogue in the store" in a.get("kernel_variant.conv", {}).get("reason", "")
+                   for a in spans) == dw
+        assert not any("kernel_variant.epilogue" in a for a in spans) or not dw
+        return
     assert any(a.get("kernel_variant.conv", {}).get("variant") == "direct" for a in spans) == direct
     compiled = epilogue != "numpy" and not direct and fusable and (with_b or with_z or act)
     assert any("kernel_variant.epilogue" in a for a in spans) == bool(compiled and _conv_numba.HAVE_NUMBA)
@@ -264,3 +349,55 @@ def test_depthwise_store_epilogue(stride):
     v = plain + b.reshape(1, -1, 1, 1) + z
     want = np.clip(np.where(v < 0, 0.1 * v, v), -0.5, 2.0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+DEPTHWISE_CASES = [c for c in CASES if c[9] > 1 and c[1] == c[9]] + [
+    (1, 3, 17, 40, 3, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 3, None),    # rows past one vector, s2
+    (1, 2, 9, 20, 4, (5, 3), (2, 3), (2, 1, 2, 1), (1, 2), 2, None),     # stride 3: numba's copy
+]
+
+
+def _depthwise_reference(x, w, case):
+    """onnx's reference evaluator (float64 in, float64 out)."""
+    from onnx.reference import ReferenceEvaluator
+    n, c, h, wd, m, k, s, p, d, g, auto = case
+    attrs = dict(kernel_shape=list(k), strides=list(s), dilations=list(d), group=g)
+    if auto:
+        attrs["auto_pad"] = auto
+    else:
+        attrs["pads"] = list(p)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], **attrs)
+    graph = helper.make_graph([node], "dw", [helper.make_tensor_value_info("x", TP.DOUBLE, None),
+                                             helper.make_tensor_value_info("W", TP.DOUBLE, None)],
+                              [helper.make_tensor_value_info("y", TP.DOUBLE, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return ReferenceEvaluator(model).run(None, {"x": x, "W": w})[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("tile", [True, False])
+@pytest.mark.parametrize("case", DEPTHWISE_CASES)
+def test_depthwise_tile_and_loops_match_reference(case, tile, dtype, monkeypatch):
+    """depthwise2d with its plane sum, row copies and row stores on the
+    vectorized LLVM tiles (float32 and float64 lanes) or numba's loops, with
+    the store epilogue, against onnx's reference evaluator in float64."""
+    if not _conv_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    if tile and not _conv_direct.HAVE_KERNEL:
+        pytest.skip("the LLVM tiles are not built")
+    monkeypatch.setattr(_conv_numba, "DW_TILE", tile)
+    from actorrt.providers.cpu._conv_util import conv_geometry, spatial_params
+    n, c, h, wd, m, k, s, p, d, g, auto = case
+    x = RNG.standard_normal((n, c, h, wd))
+    w = RNG.standard_normal((m, 1, *k))
+    kernel, strides, dil, pb, pe = spatial_params(2, k, s, d, p)
+    out, pb, pe = conv_geometry((h, wd), kernel, strides, dil, pb, pe, auto or "NOTSET")
+    b = RNG.standard_normal(m)
+    z = RNG.standard_normal((n, m, *out))
+    got = _conv_numba.depthwise2d(x.astype(dtype), w.astype(dtype), strides, dil, pb, out,
+                                  b.astype(dtype), z.astype(dtype), 0.1, -0.5, 2.0)
+    v = _depthwise_reference(x, w, case) + b.reshape(1, -1, 1, 1) + z
+    want = np.clip(np.where(v < 0, 0.1 * v, v), -0.5, 2.0)
+    assert got.dtype == dtype
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -218,11 +218,35 @@ class Gemm(Kernel):
         return y.astype(out_dtype, copy=False)
 
 
+#: onnxruntime FusedGemm's parameter attributes per activation, with their defaults
+_FUSED_GEMM_PARAMS = {"LeakyRelu": (("activation_alpha", 0.01),),
+                      "HardSigmoid": (("activation_alpha", 0.2), ("activation_beta", 0.5))}
+
+
+def fused_gemm_params(node: NodeSpec, name: str) -> tuple[float, ...]:
+    """The activation parameters of a FusedGemm node (see :class:`FusedGemm`),
+    in :func:`._epilogue.activation`'s order."""
+    params = node.attr("activation_params")
+    if params:
+        return tuple(float(v) for v in params)
+    spec = _FUSED_GEMM_PARAMS.get(name, ())
+    if not any(node.attr(a) is not None for a, _ in spec):
+        return ()
+    return tuple(float(node.attr(a)) if node.attr(a) is not None else d for a, d in spec)
+
+
 @cpu_kernel("FusedGemm", domain="com.microsoft")
 class FusedGemm(Gemm):
     """com.microsoft FusedGemm (onnxruntime's contrib op): ``act(Gemm(A, B,
-    C))`` with Gemm's attributes plus ``activation`` / ``activation_params``
-    (FusedConv's activations); the activation runs in place on the product."""
+    C))`` with Gemm's attributes plus ``activation`` and its parameters; the
+    activation runs in place on the product.
+
+    Parameters as onnxruntime's schema names them: ``activation_alpha`` /
+    ``activation_beta`` (LeakyRelu's alpha, default 0.01; HardSigmoid's alpha
+    and beta, defaults 0.2 and 0.5). Our graph optimizer's own FusedGemm nodes
+    may carry FusedConv's ``activation_params`` list instead (which also
+    carries Clip's min and max); when both are set, ``activation_params``
+    wins."""
 
     @classmethod
     def check(cls, node: NodeSpec) -> None:
@@ -234,7 +258,7 @@ class FusedGemm(Gemm):
         super().__init__(node)
         from ._conv_util import decode_str
         name = decode_str(node.attr("activation"), "")
-        self._act = _epilogue.activation(name, node.attr("activation_params") or ())
+        self._act = _epilogue.activation(name, fused_gemm_params(node, name))
         if name in ("Relu", "Gelu"):  # parameterless: applied in the compiled GEMM's store
             self._store_act = name
 

@@ -40,6 +40,9 @@ from . import _int8_tiles as _t
 #: interleaved rounds, idle machine, docs/int8_tiles.md), prompts (64-row
 #: work items) unchanged
 PANEL_MIN_ROWS = 32
+#: the panel builds prefetch the weights PREFETCH_BLOCKS blocks ahead, as
+#: the decode tiles do (a decode batch streams its weights from memory)
+PANEL_PREFETCH = True
 #: rows per pass over a chunk's panel (their activations stay in L2)
 PANEL_ROWS = 256
 #: sixteen columns at a time against a 512-byte-a-block panel, zmm tiles
@@ -51,7 +54,6 @@ WIDE_PANEL = _t.USE_VNNI and _t.HAVE_VNNI512
 if _t.HAVE_INT8_DOT:
     from llvmlite import ir
     from numba import njit, types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
     _i8, _i16, _i32, _i64, _f32 = (ir.IntType(8), ir.IntType(16), ir.IntType(32),
@@ -80,6 +82,10 @@ if _t.HAVE_INT8_DOT:
             dty = sig.args[4]
             v16i = _V(_i32, 16)
             entry, loop, done, b = _h.block_loop(builder, nb, "i8panel")
+            if PANEL_PREFETCH:  # both groups' weights PREFETCH_BLOCKS blocks ahead
+                ahead = builder.mul(builder.add(b, _i64(_t.PREFETCH_BLOCKS)), ws)
+                for wo in (wb0, wb1):
+                    _h.prefetch(builder, wa, builder.add(wo, ahead), 3)
             g = [_h.load_vec(builder, wa, builder.add(wo, builder.mul(b, ws)), v16i)
                  for wo in (wb0, wb1)]
             pbase = builder.add(builder.mul(b, _i64(8 * pitch)), builder.mul(part, _i64(32)))
@@ -129,13 +135,7 @@ if _t.HAVE_INT8_DOT:
                            part),
                 _build_codegen(_t.bits_of(w), 16))
 
-    def _dpbusd512(builder, acc, u, x):
-        """vpdpbusd on zmm (<16 x i32> acc or None: zeros; <64 x i8> u, x)."""
-        v64, v16i = _V(_i8, 64), _V(_i32, 16)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v16i, [v16i, v64, v64]),
-            "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(fn, [_h.splat(_i32, 0, 16) if acc is None else acc, u, x])
+    _dpbusd512 = _h.dpbusd512
 
     def _ptile_codegen(rows, cols=8):
         # cols 8: the ymm tile against _panel_build's panel; 16: the zmm tile

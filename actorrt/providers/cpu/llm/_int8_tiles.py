@@ -112,6 +112,9 @@ TILE_PAIRED = True
 #: block loop (False: in the block loop's accumulators, lanes 0-3, as the
 #: 8-bit tiles do: apart, their one-row tile measured 12 % slower)
 TILE_Z_APART = True
+#: 4-bit paired tiles on zmm where USE_VNNI and HAVE_VNNI512: the group's
+#: four columns one 64-byte load, two zmm vpdpbusd a row and block (ymm: four)
+TILE_ZMM = USE_VNNI and HAVE_VNNI512
 
 if HAVE_INT8_DOT:
     from llvmlite import ir
@@ -189,6 +192,14 @@ if HAVE_INT8_DOT:
             builder.module, ir.FunctionType(v8i, [v8i, v32, v32]),
             "llvm.x86.avx512.vpdpbusd.256")
         return builder.call(fn, [_splat(_i32, 0, 8) if acc is None else acc, u, x])
+
+    def _dpbusd512(builder, acc, u, x):
+        """:func:`_dpbusd` on zmm (<16 x i32> acc or None; <64 x i8> u, x)."""
+        v64, v16i = _V(_i8, 64), _V(_i32, 16)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16i, [v16i, v64, v64]),
+            "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [_splat(_i32, 0, 16) if acc is None else acc, u, x])
 
     def _declare(builder):
         """(vpmaddubsw, vpmaddwd, vpsignb) declarations in the builder's module."""
@@ -444,6 +455,7 @@ if HAVE_INT8_DOT:
 
         z_apart = bits == 4 and (TILE_Z_APART if z_apart is None else z_apart)
         pair = bits == 4 and (TILE_PAIRED if paired is None else paired)
+        zmm = pair and TILE_ZMM
 
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
@@ -519,7 +531,12 @@ if HAVE_INT8_DOT:
                 z8 = builder.shuffle_vector(z4, zero4, ir.Constant(_V(_i32, 8),
                                                                    [0, 2, 4, 4, 1, 3, 4, 4]))
                 pairs = []
-                for p in range(2):  # columns 2p, 2p + 1: 32 adjacent bytes
+                if zmm:  # the group's 64 bytes (columns 0-3) as one vector
+                    raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, wstride)),
+                                    _V(_i8, 64))
+                    wide = (builder.and_(raw, _splat(_i8, 15, 64)),
+                            builder.lshr(raw, _splat(_i8, 4, 64)))
+                for p in range(0 if zmm else 2):  # columns 2p, 2p + 1: 32 adjacent bytes
                     raw = _load_vec(builder, wa, builder.add(builder.add(
                         w_off, _i64(2 * p * per)), builder.mul(b, wstride)), v32)
                     pairs.append((builder.and_(raw, _splat(_i8, 15, 32)),
@@ -538,6 +555,19 @@ if HAVE_INT8_DOT:
                 half = _V(_i8, 16)
                 xe = _load_vec(builder, xa, x_row, half)
                 xo = _load_vec(builder, xa, builder.add(x_row, _i64(16)), half)
+                if zmm:
+                    # the halves broadcast to all four 128-bit lanes against
+                    # the four columns at once: lanes 0-7 of the two zmm
+                    # vpdpbusd are pair 0's int32 lanes below, 8-15 pair 1's
+                    b4 = ir.Constant(_V(_i32, 64), list(range(16)) * 4)
+                    z = _dpbusd512(builder, _dpbusd512(
+                        builder, None, wide[0], builder.shuffle_vector(xe, xe, b4)),
+                        wide[1], builder.shuffle_vector(xo, xo, b4))
+                    lo32 = builder.shuffle_vector(z, z, ir.Constant(
+                        _V(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13]))
+                    hi32 = builder.shuffle_vector(z, z, ir.Constant(
+                        _V(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15]))
+                    return builder.add(lo32, hi32)
                 xe = builder.shuffle_vector(xe, xe, bcast)
                 xo = builder.shuffle_vector(xo, xo, bcast)
                 if USE_VNNI:
@@ -658,7 +688,9 @@ if HAVE_INT8_DOT:
     #: the IR helpers, for the other kernel stages (:mod:`._int8_panel`)
     IR = SimpleNamespace(unpack=_unpack, block_loop=_block_loop, load_vec=_load_vec,
                          load_scales=_load_scales, load_zero_points=_load_zero_points,
-                         splat=_splat, broadcast=_broadcast, declare=_declare, dpbusd=_dpbusd)
+                         splat=_splat, broadcast=_broadcast, declare=_declare, dpbusd=_dpbusd,
+                         dpbusd512=_dpbusd512,
+                         prefetch=_prefetch)
 
     # (the prefetching ones for the fused blocks' short weight streams, as _group_pf)
     _tile4, _tile3, _tile2, _tile1 = (_tile_intrinsic(r) for r in (4, 3, 2, 1))

@@ -12,6 +12,11 @@ L1-resident int8 panel, then rows x 8-column tiles against it.
   ``vpmaddubsw`` against the step's 32 bytes; the four steps of a half
   summed in int16 (<= 4 * 2 * 15 * 127 = 15,240), widened by one
   ``vpmaddwd`` (lane c: column c), converted and scaled with one FMA;
+* ``_wtile1.._wtile4`` (:data:`WIDE_PANEL`: AVX-512 VNNI): sixteen columns
+  against the wide panel (per block and step columns 0-7 then 8-15, built
+  by two ``_panel_build_wide`` passes), one zmm ``vpdpbusd`` per row and
+  step with the four activation bytes broadcast, lane c the float
+  operations of the 8-column tile's lane c % 8 (the same bits);
 * ``_panel_cols``: the driver (what :func:`._int8_tiles._cols` runs from
   :data:`PANEL_MIN_ROWS` rows for 4-bit weights with zero points).
 
@@ -41,8 +46,9 @@ from . import _int8_tiles as _t
 #: work items) unchanged
 PANEL_MIN_ROWS = 32
 #: the panel builds prefetch the weights PREFETCH_BLOCKS blocks ahead, as
-#: the decode tiles do (a decode batch streams its weights from memory)
-PANEL_PREFETCH = True
+#: the decode tiles do; off: cache-hot M = 64 read 0.90-1.04x with it, and
+#: with PANEL_MIN_ROWS 32 no decode batch builds a panel (for comparisons)
+PANEL_PREFETCH = False
 #: rows per pass over a chunk's panel (their activations stay in L2)
 PANEL_ROWS = 256
 #: sixteen columns at a time against a 512-byte-a-block panel, zmm tiles

@@ -8,6 +8,8 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   for every row of the tile (4-bit: two columns a 32-byte load against the
   activations' halves broadcast to both 128-bit lanes, the zero-point terms
   in a loop of their own: ``TILE_PAIRED``, ``TILE_Z_APART``);
+  (with :data:`USE_VNNI` ``vpdpbusd``; the one-row tile on zmm with
+  :data:`TILE_ZMM`);
 * ``_dot1``: one row times one column (the last N % 4 columns);
 * ``_group`` / ``_group_pf``: one row times a column group (the older
   one-row path, kept for comparisons: ``TILE_MIN_ROWS``);
@@ -112,8 +114,10 @@ TILE_PAIRED = True
 #: block loop (False: in the block loop's accumulators, lanes 0-3, as the
 #: 8-bit tiles do: apart, their one-row tile measured 12 % slower)
 TILE_Z_APART = True
-#: 4-bit paired tiles on zmm where USE_VNNI and HAVE_VNNI512: the group's
-#: four columns one 64-byte load, two zmm vpdpbusd a row and block (ymm: four)
+#: the one-row 4-bit paired tile on zmm where USE_VNNI and HAVE_VNNI512: the
+#: group's four columns one 64-byte load, two zmm vpdpbusd a block (ymm:
+#: four); 1.05-1.07x at M = 1, but 0.92-0.97x at M = 4-16 as the 2-4-row
+#: tiles (the same run, docs/int8_tiles.md round 7), so only there
 TILE_ZMM = USE_VNNI and HAVE_VNNI512
 
 if HAVE_INT8_DOT:
@@ -455,7 +459,7 @@ if HAVE_INT8_DOT:
 
         z_apart = bits == 4 and (TILE_Z_APART if z_apart is None else z_apart)
         pair = bits == 4 and (TILE_PAIRED if paired is None else paired)
-        zmm = pair and TILE_ZMM
+        zmm = pair and TILE_ZMM and rows == 1
 
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,

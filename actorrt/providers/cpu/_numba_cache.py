@@ -17,6 +17,12 @@ The cache still lives where numba puts it (``NUMBA_CACHE_DIR`` when set, else
 Every module here that compiles with ``cache=True`` imports this module first.
 A ``NUMBA_CACHE_LOCATOR_CLASSES`` the user set is left as it is (the user's
 locators decide).
+
+Environment variables that change what a kernel compiles to (:data:`SWITCHES`,
+e.g. ``ACTORRT_INT8_VNNI=0`` forcing the int8 kernels' AVX2 path on a VNNI
+CPU) join the stamp of every function when set (read once, at import): a
+cache written under another value is recompiled, not run. Unset, the stamp
+is as before.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import functools
 import hashlib
 import os
 
-__all__ = ["ROOTS", "install", "installed", "tree_digest"]
+__all__ = ["ROOTS", "SWITCHES", "install", "installed", "tree_digest", "variants"]
 
 #: folders whose ``.py`` files make up the digest (and whose functions get it)
 ROOTS: tuple[str, ...] = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
@@ -54,6 +60,17 @@ def tree_digest(roots: tuple[str, ...] | None = None) -> str:
     return h.hexdigest()
 
 
+#: environment variables read at compile time by kernels under :data:`ROOTS`
+SWITCHES: tuple[str, ...] = ("ACTORRT_INT8_VNNI",)
+_VARIANTS = tuple((k, os.environ[k]) for k in SWITCHES if k in os.environ)
+
+
+def variants() -> tuple[tuple[str, str], ...]:
+    """The :data:`SWITCHES` set in this process's environment at import, as
+    (name, value) pairs (what the stamps hold; empty: stamps as before)."""
+    return _VARIANTS
+
+
 def _ours(py_file: str) -> bool:
     path = os.path.abspath(py_file)
     return any(path.startswith(r + os.sep) for r in ROOTS)
@@ -67,7 +84,8 @@ try:
         """Mixin: the file's own stamp and the kernel tree's digest."""
 
         def get_source_stamp(self):
-            return (super().get_source_stamp(), tree_digest())
+            stamp = (super().get_source_stamp(), tree_digest())
+            return stamp + (_VARIANTS,) if _VARIANTS else stamp
 
         @classmethod
         def from_function(cls, py_func, py_file):

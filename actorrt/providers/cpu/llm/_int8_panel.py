@@ -12,6 +12,11 @@ L1-resident int8 panel, then rows x 8-column tiles against it.
   ``vpmaddubsw`` against the step's 32 bytes; the four steps of a half
   summed in int16 (<= 4 * 2 * 15 * 127 = 15,240), widened by one
   ``vpmaddwd`` (lane c: column c), converted and scaled with one FMA;
+* ``_wtile1.._wtile4`` (:data:`WIDE_PANEL`: AVX-512 VNNI): sixteen columns
+  against the wide panel (per block and step columns 0-7 then 8-15, built
+  by two ``_panel_build_wide`` passes), one zmm ``vpdpbusd`` per row and
+  step with the four activation bytes broadcast, lane c the float
+  operations of the 8-column tile's lane c % 8 (the same bits);
 * ``_panel_cols``: the driver (what :func:`._int8_tiles._cols` runs from
   :data:`PANEL_MIN_ROWS` rows for 4-bit weights with zero points).
 
@@ -40,8 +45,17 @@ from . import _int8_tiles as _t
 #: interleaved rounds, idle machine, docs/int8_tiles.md), prompts (64-row
 #: work items) unchanged
 PANEL_MIN_ROWS = 32
+#: the panel builds prefetch the weights PREFETCH_BLOCKS blocks ahead, as
+#: the decode tiles do; off: cache-hot M = 64 read 0.90-1.04x with it, and
+#: with PANEL_MIN_ROWS 32 no decode batch builds a panel (for comparisons)
+PANEL_PREFETCH = False
 #: rows per pass over a chunk's panel (their activations stay in L2)
 PANEL_ROWS = 256
+#: sixteen columns at a time against a 512-byte-a-block panel, zmm tiles
+#: (``vpdpbusd`` on zmm, the activations' four bytes broadcast from memory):
+#: where :data:`._int8_tiles.USE_VNNI` and the host has AVX-512 VNNI
+#: (:data:`._int8_tiles.HAVE_VNNI512`); the same bits as the 8-column tiles
+WIDE_PANEL = _t.USE_VNNI and _t.HAVE_VNNI512
 
 if _t.HAVE_INT8_DOT:
     from llvmlite import ir
@@ -57,25 +71,37 @@ if _t.HAVE_INT8_DOT:
         builder.store(value, builder.bitcast(builder.gep(base, [index]),
                                              value.type.as_pointer()), align=1)
 
-    def _build_codegen(bits):
+    def _build_codegen(bits, cols=8):
+        # cols 8: the panel of _ptile (256 bytes, 8 scales a block); 16: the
+        # wide panel of _wtile (512 bytes a block, step s's 64 bytes columns
+        # 0-7 then 8-15; 16 scales), this call writing half ``part`` (0: the
+        # columns 0-7, 1: 8-15) from its two column groups
+        pitch = 32 * cols // 8  # bytes a step
+
         def codegen(context, builder, sig, args):
-            (wa, da, za, pa, pda, pza), (wb0, wb1, ws, db0, zb0, db1, zb1, ds, nb) = _h.unpack(
-                context, builder, sig, args, (0, 4, 5, 12, 13, 14), (1, 2, 3, 6, 7, 8, 9, 10, 11))
+            (wa, da, za, pa, pda, pza), (wb0, wb1, ws, db0, zb0, db1, zb1, ds, nb,
+                                         part) = _h.unpack(
+                context, builder, sig, args, (0, 4, 5, 12, 13, 14),
+                (1, 2, 3, 6, 7, 8, 9, 10, 11, 15))
             if bits != 4:  # (typed for the 8-bit kernels too; never called there)
                 return context.get_dummy_value()
             dty = sig.args[4]
             v16i = _V(_i32, 16)
             entry, loop, done, b = _h.block_loop(builder, nb, "i8panel")
+            if PANEL_PREFETCH:  # both groups' weights PREFETCH_BLOCKS blocks ahead
+                ahead = builder.mul(builder.add(b, _i64(_t.PREFETCH_BLOCKS)), ws)
+                for wo in (wb0, wb1):
+                    _h.prefetch(builder, wa, builder.add(wo, ahead), 3)
             g = [_h.load_vec(builder, wa, builder.add(wo, builder.mul(b, ws)), v16i)
                  for wo in (wb0, wb1)]
-            pbase = builder.mul(b, _i64(256))
+            pbase = builder.add(builder.mul(b, _i64(8 * pitch)), builder.mul(part, _i64(32)))
             for s in range(4):
                 dw = builder.shuffle_vector(g[0], g[1], ir.Constant(
                     _V(_i32, 8), [s, 4 + s, 8 + s, 12 + s, 16 + s, 20 + s, 24 + s, 28 + s]))
                 raw = builder.bitcast(dw, _V(_i8, 32))
-                _store_vec(builder, pa, builder.add(pbase, _i64(32 * s)),
+                _store_vec(builder, pa, builder.add(pbase, _i64(pitch * s)),
                            builder.and_(raw, _h.splat(_i8, 15, 32)))
-                _store_vec(builder, pa, builder.add(pbase, _i64(32 * (s + 4))),
+                _store_vec(builder, pa, builder.add(pbase, _i64(pitch * (s + 4))),
                            builder.lshr(raw, _h.splat(_i8, 4, 32)))
             step = builder.mul(b, ds)
             cat = ir.Constant(_V(_i32, 8), list(range(8)))
@@ -85,7 +111,7 @@ if _t.HAVE_INT8_DOT:
             z8 = builder.shuffle_vector(
                 _h.load_zero_points(builder, sig, 5, dty, za, builder.add(zb0, step), 4),
                 _h.load_zero_points(builder, sig, 5, dty, za, builder.add(zb1, step), 4), cat)
-            b8 = builder.mul(b, _i64(8))
+            b8 = builder.add(builder.mul(b, _i64(cols)), builder.mul(part, _i64(8)))
             _store_vec(builder, pda, b8, d8)
             _store_vec(builder, pza, b8, z8)
             b1 = builder.add(b, _i64(1))
@@ -96,42 +122,67 @@ if _t.HAVE_INT8_DOT:
         return codegen
 
     @intrinsic
-    def _panel_build(typingctx, w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz):
+    def _panel_build(typingctx, w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz,
+                     part):
         """Eight columns' blocks (groups at weight offsets wb0, wb1, blocks ws
         apart; scales at db0 / db1, scale * zero points at zb0 / zb1, ds
         apart) -> the panel ``p`` (uint8, nb * 256) and float32 ``pd`` /
-        ``pz`` (nb * 8)."""
-        return (types.void(w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz),
+        ``pz`` (nb * 8); ``part`` 0 (unused)."""
+        return (types.void(w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz,
+                           part),
                 _build_codegen(_t.bits_of(w)))
 
-    def _ptile_codegen(rows):
+    @intrinsic
+    def _panel_build_wide(typingctx, w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd,
+                          pz, part):
+        """:func:`_panel_build` into half ``part`` (0 or 1) of the 16-column
+        panel of :func:`_wtile4` (``p`` nb * 512 bytes, ``pd`` / ``pz`` nb * 16)."""
+        return (types.void(w, wb0, wb1, ws, d, dz, db0, zb0, db1, zb1, ds, nb, p, pd, pz,
+                           part),
+                _build_codegen(_t.bits_of(w), 16))
+
+    _dpbusd512 = _h.dpbusd512
+
+    def _ptile_codegen(rows, cols=8):
+        # cols 8: the ymm tile against _panel_build's panel; 16: the zmm tile
+        # (VNNI only) against the wide panel, lane c column c, each lane's
+        # float operations those of the 8-column tile's lane c % 8
+        pitch = 32 * cols // 8
+
         def codegen(context, builder, sig, args):
             (pa, pda, pza, xa, sa, ua), (x_off, s_off, nb) = _h.unpack(
                 context, builder, sig, args, (0, 1, 2, 3, 5, 6), (4, 7, 8))
             maddubs, maddwd, _ = _h.declare(builder)
-            v8f, v8i, v32 = _V(_f32, 8), _V(_i32, 8), _V(_i8, 32)
-            zero = _h.splat(_f32, 0.0, 8)
+            vf, vi, vb = _V(_f32, cols), _V(_i32, cols), _V(_i8, 4 * cols)
+            zero = _h.splat(_f32, 0.0, cols)
             ones = _h.splat(_i16, 1, 16)
             fast = ("contract",)
+
+            def bcast(value):  # a scalar in every lane
+                vt = _V(value.type, cols)
+                return builder.shuffle_vector(
+                    builder.insert_element(ir.Constant(vt, None), value, _i32(0)),
+                    ir.Constant(vt, None), ir.Constant(_V(_i32, cols), [0] * cols))
+
             row_x = builder.mul(nb, _i64(_t.BLOCK))
             entry, loop, done, b = _h.block_loop(builder, nb, "i8ptile")
-            accs = [[builder.phi(v8f) for _ in range(rows)] for _ in range(2)]
+            accs = [[builder.phi(vf) for _ in range(rows)] for _ in range(2)]
             for half in accs:
                 for phi in half:
                     phi.add_incoming(zero, entry)
-            b8 = builder.mul(b, _i64(8))
-            d8 = _h.load_vec(builder, pda, b8, v8f)
-            pbase = builder.mul(b, _i64(256))
+            bc = builder.mul(b, _i64(cols))
+            dv = _h.load_vec(builder, pda, bc, vf)
+            pbase = builder.mul(b, _i64(8 * pitch))
             x_at = builder.add(x_off, builder.mul(b, _i64(_t.BLOCK)))
             s_at = builder.add(s_off, b)
             svs = []
             for r in range(rows):
                 s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
-                sxv = _h.broadcast(builder, builder.load(builder.gep(sa, [s_r])))
-                svs.append(builder.fmul(d8, sxv, flags=fast))
+                sxv = bcast(builder.load(builder.gep(sa, [s_r])))
+                svs.append(builder.fmul(dv, sxv, flags=fast))
             new = [[], []]
             for h, steps in enumerate(((0, 2, 4, 6), (1, 3, 5, 7))):
-                ws = [_h.load_vec(builder, pa, builder.add(pbase, _i64(32 * s)), v32)
+                ws = [_h.load_vec(builder, pa, builder.add(pbase, _i64(pitch * s)), vb)
                       for s in steps]
                 for r in range(rows):
                     x_row = builder.add(x_at, builder.mul(row_x, _i64(r)))
@@ -140,15 +191,25 @@ if _t.HAVE_INT8_DOT:
                         a4 = builder.load(builder.bitcast(
                             builder.gep(xa, [builder.add(x_row, _i64(4 * s))]),
                             _i32.as_pointer()), align=1)
-                        av = builder.shuffle_vector(
-                            builder.insert_element(ir.Constant(v8i, None), a4, _i32(0)),
-                            ir.Constant(v8i, None), ir.Constant(v8i, [0] * 8))
-                        prods.append(builder.call(maddubs, [wv, builder.bitcast(av, v32)]))
-                    s16 = builder.add(builder.add(prods[0], prods[1]),
-                                      builder.add(prods[2], prods[3]))
-                    isum = builder.call(maddwd, [s16, ones])
+                        prods.append((wv, builder.bitcast(bcast(a4), vb)))
+                    if cols == 16:
+                        isum = builder.add(
+                            _dpbusd512(builder, _dpbusd512(builder, None, *prods[0]), *prods[1]),
+                            _dpbusd512(builder, _dpbusd512(builder, None, *prods[2]), *prods[3]))
+                    elif _t.USE_VNNI:
+                        # two chains of two vpdpbusd, added: lane c is the
+                        # int16 sums' pair below, exactly (no overflow there)
+                        isum = builder.add(_h.dpbusd(builder, _h.dpbusd(builder, None, *prods[0]),
+                                                     *prods[1]),
+                                           _h.dpbusd(builder, _h.dpbusd(builder, None, *prods[2]),
+                                                     *prods[3]))
+                    else:
+                        prods = [builder.call(maddubs, list(op)) for op in prods]
+                        s16 = builder.add(builder.add(prods[0], prods[1]),
+                                          builder.add(prods[2], prods[3]))
+                        isum = builder.call(maddwd, [s16, ones])
                     new[h].append(builder.fadd(accs[h][r], builder.fmul(
-                        builder.sitofp(isum, v8f), svs[r], flags=fast), flags=fast))
+                        builder.sitofp(isum, vf), svs[r], flags=fast), flags=fast))
             b1 = builder.add(b, _i64(1))
             b.add_incoming(b1, loop)
             for h in range(2):
@@ -159,21 +220,21 @@ if _t.HAVE_INT8_DOT:
             finals = [[], []]
             for h in range(2):
                 for val in new[h]:
-                    phi = builder.phi(v8f)
+                    phi = builder.phi(vf)
                     phi.add_incoming(zero, entry)
                     phi.add_incoming(val, loop)
                     finals[h].append(phi)
             # the zero-point terms in a loop of their own, as the paired tile
             zentry, zloop, zdone, b2 = _h.block_loop(builder, nb, "i8ptilez")
-            zaccs = [builder.phi(v8f) for _ in range(rows)]
+            zaccs = [builder.phi(vf) for _ in range(rows)]
             for phi in zaccs:
                 phi.add_incoming(zero, zentry)
-            z8 = _h.load_vec(builder, pza, builder.mul(b2, _i64(8)), v8f)
+            zv = _h.load_vec(builder, pza, builder.mul(b2, _i64(cols)), vf)
             znew = []
             for r in range(rows):
                 s_r = builder.add(builder.add(s_off, b2), builder.mul(nb, _i64(r)))
-                xs8 = _h.broadcast(builder, builder.load(builder.gep(ua, [s_r])))
-                znew.append(builder.fadd(zaccs[r], builder.fmul(z8, xs8, flags=fast),
+                xsv = bcast(builder.load(builder.gep(ua, [s_r])))
+                znew.append(builder.fadd(zaccs[r], builder.fmul(zv, xsv, flags=fast),
                                          flags=fast))
             zb1 = builder.add(b2, _i64(1))
             b2.add_incoming(zb1, zloop)
@@ -183,26 +244,29 @@ if _t.HAVE_INT8_DOT:
             builder.position_at_end(zdone)
             zs = []
             for r in range(rows):  # every phi first
-                zphi = builder.phi(v8f)
+                zphi = builder.phi(vf)
                 zphi.add_incoming(zero, zentry)
                 zphi.add_incoming(znew[r], zloop)
                 zs.append(zphi)
             outs = []
             for r in range(rows):
                 tot = builder.fsub(builder.fadd(finals[0][r], finals[1][r]), zs[r])
-                outs.extend(builder.extract_element(tot, _i32(c)) for c in range(8))
+                outs.extend(builder.extract_element(tot, _i32(c)) for c in range(cols))
             return context.make_tuple(builder, sig.return_type, outs)
         return codegen
 
-    def _ptile_intrinsic(rows):
+    def _ptile_intrinsic(rows, cols=8):
         def typer(typingctx, p, pd, pz, xq, x_off, sx, xsum, s_off, nb):
-            return (types.UniTuple(types.float32, 8 * rows)(p, pd, pz, xq, x_off, sx, xsum,
-                                                            s_off, nb),
-                    _ptile_codegen(rows))
-        typer.__name__ = f"_ptile_i8_x{rows}"
+            return (types.UniTuple(types.float32, cols * rows)(p, pd, pz, xq, x_off, sx, xsum,
+                                                               s_off, nb),
+                    _ptile_codegen(rows, cols))
+        typer.__name__ = f"_ptile_i8_x{rows}" + ("_w" if cols == 16 else "")
         return intrinsic(typer)
 
     _ptile4, _ptile3, _ptile2, _ptile1 = (_ptile_intrinsic(r) for r in (4, 3, 2, 1))
+    # the zmm tiles of the wide (16-column) panel (compiled only where
+    # WIDE_PANEL holds: AVX-512 VNNI)
+    _wtile4, _wtile3, _wtile2, _wtile1 = (_ptile_intrinsic(r, 16) for r in (4, 3, 2, 1))
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _panel_cols(xq, sx, xsum, w, d, dz, out, lo, full):  # pragma: no cover - compiled
@@ -221,18 +285,47 @@ if _t.HAVE_INT8_DOT:
         xf = xq.reshape(-1)
         sf = sx.reshape(-1)
         uf = xsum.reshape(-1)
-        p = np.empty(nb * 256, np.uint8)
-        pd = np.empty(nb * 8, np.float32)
-        pz = np.empty(nb * 8, np.float32)
+        p = np.empty(nb * 512, np.uint8)
+        pd = np.empty(nb * 16, np.float32)
+        pz = np.empty(nb * 16, np.float32)
         stop = lo + (full - lo) // 8 * 8
+        wide = lo + (full - lo) // 16 * 16 if WIDE_PANEL else lo
         r0 = 0
         while r0 < m_rows:
             r1 = min(m_rows, r0 + PANEL_ROWS)
             n = lo
+            if WIDE_PANEL:  # (a constant: the zmm tiles compile only where they run)
+                while n < wide:  # sixteen columns (zmm), then at most one chunk of eight
+                    for part in range(2):
+                        c0 = n + 8 * part
+                        wb0, ws, db0, zb0, ds = _t.column_layout(c0, n_all, nb, per, emb, False)
+                        wb1, _, db1, zb1, _ = _t.column_layout(c0 + 4, n_all, nb, per, emb,
+                                                               False)
+                        _panel_build_wide(wf, wb0, wb1, ws, df, zf, db0, zb0, db1, zb1, ds, nb,
+                                          p, pd, pz, part)
+                    m = r0
+                    while m + 4 <= r1:
+                        w4 = _wtile4(p, pd, pz, xf, m * kp, sf, uf, m * nb, nb)
+                        for i in range(64):
+                            out[m + i // 16, n + i % 16] = w4[i]
+                        m += 4
+                    if r1 - m == 3:
+                        w3 = _wtile3(p, pd, pz, xf, m * kp, sf, uf, m * nb, nb)
+                        for i in range(48):
+                            out[m + i // 16, n + i % 16] = w3[i]
+                    elif r1 - m == 2:
+                        w2 = _wtile2(p, pd, pz, xf, m * kp, sf, uf, m * nb, nb)
+                        for i in range(32):
+                            out[m + i // 16, n + i % 16] = w2[i]
+                    elif r1 - m == 1:
+                        w1 = _wtile1(p, pd, pz, xf, m * kp, sf, uf, m * nb, nb)
+                        for i in range(16):
+                            out[m, n + i] = w1[i]
+                    n += 16
             while n < stop:
                 wb0, ws, db0, zb0, ds = _t.column_layout(n, n_all, nb, per, emb, False)
                 wb1, _, db1, zb1, _ = _t.column_layout(n + 4, n_all, nb, per, emb, False)
-                _panel_build(wf, wb0, wb1, ws, df, zf, db0, zb0, db1, zb1, ds, nb, p, pd, pz)
+                _panel_build(wf, wb0, wb1, ws, df, zf, db0, zb0, db1, zb1, ds, nb, p, pd, pz, 0)
                 m = r0
                 while m + 4 <= r1:
                     t = _ptile4(p, pd, pz, xf, m * kp, sf, uf, m * nb, nb)

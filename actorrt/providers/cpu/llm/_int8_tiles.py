@@ -8,6 +8,8 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   for every row of the tile (4-bit: two columns a 32-byte load against the
   activations' halves broadcast to both 128-bit lanes, the zero-point terms
   in a loop of their own: ``TILE_PAIRED``, ``TILE_Z_APART``);
+  (with :data:`USE_VNNI` ``vpdpbusd``; the one-row tile on zmm with
+  :data:`TILE_ZMM`);
 * ``_dot1``: one row times one column (the last N % 4 columns);
 * ``_group`` / ``_group_pf``: one row times a column group (the older
   one-row path, kept for comparisons: ``TILE_MIN_ROWS``);
@@ -21,6 +23,18 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the
 kernels then do not exist.
 
+**VNNI.** :data:`HAVE_VNNI`: the host has ``vpdpbusd`` on ymm (AVX-VNNI, or
+AVX-512 VNNI with AVX512VL; the same conditions as AVX2 otherwise). Then
+(:data:`USE_VNNI`, unless ``ACTORRT_INT8_VNNI=0`` forces the AVX2 path) every
+``vpmaddubsw`` + ``vpmaddwd`` (+ the int16 / int32 adds between them) becomes
+``vpdpbusd`` (u8 x s8, four products summed into each int32 lane and added
+to an accumulator): in our operand ranges the AVX2 pairs never saturate
+(4-bit: |pair| <= 2 * 15 * 127; 8-bit: |w| <= 128 as u8 times +-127), so the
+int32 lanes, and then every float operation after them, are bit for bit the
+AVX2 path's. The switch is read at import and joins the numba cache stamp
+(:data:`.._numba_cache.SWITCHES`), so a cache compiled under the other value
+is not run.
+
 Callers cached from other files (:mod:`._contrib_int8`, :mod:`._block_kernels`)
 recompile after an edit here: the kernels' disk cache is keyed on every kernel
 source file (:mod:`.._numba_cache`), not only the caller's own.
@@ -30,6 +44,7 @@ from __future__ import annotations
 
 from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
+import os
 import platform
 from types import SimpleNamespace
 
@@ -39,20 +54,44 @@ from . import _contrib_numba as _nb
 BLOCK = 32
 
 
-def _host_has_avx2() -> bool:
+def _host_features() -> dict:
+    """llvmlite's host CPU features (name -> bool); empty without numba, off
+    x86-64, or when numba compiles for another CPU (``NUMBA_CPU_NAME`` /
+    ``NUMBA_CPU_FEATURES``: the intrinsics may not exist there)."""
     if not _nb.HAVE_NUMBA or platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return {}
     try:
         import numba
         import llvmlite.binding as ll
         if numba.config.CPU_NAME or numba.config.CPU_FEATURES:
-            return False  # compiling for another CPU: the AVX2 intrinsics may not exist there
-        return bool(ll.get_host_cpu_features().get("avx2", False))
+            return {}
+        return dict(ll.get_host_cpu_features())
     except Exception:  # pragma: no cover - llvmlite without host feature queries
-        return False
+        return {}
+
+
+def _host_has_avx2() -> bool:
+    return bool(_host_features().get("avx2", False))
+
+
+def _host_has_vnni() -> bool:
+    """vpdpbusd on ymm: AVX-VNNI (VEX), or AVX-512 VNNI with AVX512VL."""
+    f = _host_features()
+    return bool(f.get("avx2", False)) and bool(
+        f.get("avxvnni", False) or (f.get("avx512vnni", False) and f.get("avx512vl", False)))
 
 
 HAVE_INT8_DOT = _host_has_avx2()
+#: the host has vpdpbusd on ymm (and HAVE_INT8_DOT)
+HAVE_VNNI = HAVE_INT8_DOT and _host_has_vnni()
+#: HAVE_VNNI and vpdpbusd on zmm (AVX-512 F/BW/VNNI: the wide panel tiles
+#: of :mod:`._int8_panel`)
+HAVE_VNNI512 = HAVE_VNNI and all(_host_features().get(f, False)
+                                 for f in ("avx512f", "avx512bw", "avx512vnni"))
+#: the kernels compile to vpdpbusd (HAVE_VNNI, and the environment does not
+#: set ``ACTORRT_INT8_VNNI=0``: the AVX2 path, for comparisons and tests);
+#: read at import, the same bits either way
+USE_VNNI = HAVE_VNNI and os.environ.get("ACTORRT_INT8_VNNI", "1").strip() != "0"
 #: software prefetch distance of the prefetching decode kernel (``_cols``
 #: with ``prefetch``), in weight blocks of a column group ahead
 PREFETCH_BLOCKS = 16
@@ -75,6 +114,11 @@ TILE_PAIRED = True
 #: block loop (False: in the block loop's accumulators, lanes 0-3, as the
 #: 8-bit tiles do: apart, their one-row tile measured 12 % slower)
 TILE_Z_APART = True
+#: the one-row 4-bit paired tile on zmm where USE_VNNI and HAVE_VNNI512: the
+#: group's four columns one 64-byte load, two zmm vpdpbusd a block (ymm:
+#: four); 1.05-1.07x at M = 1, but 0.92-0.97x at M = 4-16 as the 2-4-row
+#: tiles (the same run, docs/int8_tiles.md round 7), so only there
+TILE_ZMM = USE_VNNI and HAVE_VNNI512
 
 if HAVE_INT8_DOT:
     from llvmlite import ir
@@ -143,6 +187,24 @@ if HAVE_INT8_DOT:
         return builder.fadd(builder.extract_element(two, _i32(0)),
                             builder.extract_element(two, _i32(1)))
 
+    def _dpbusd(builder, acc, u, x):
+        """vpdpbusd: ``acc`` (<8 x i32>, or None: zeros) plus, in lane j, the
+        sum of the four products u[4j + i] (unsigned) * x[4j + i] (signed) of
+        the <32 x i8> operands (not saturating)."""
+        v32, v8i = _V(_i8, 32), _V(_i32, 8)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8i, [v8i, v32, v32]),
+            "llvm.x86.avx512.vpdpbusd.256")
+        return builder.call(fn, [_splat(_i32, 0, 8) if acc is None else acc, u, x])
+
+    def _dpbusd512(builder, acc, u, x):
+        """:func:`_dpbusd` on zmm (<16 x i32> acc or None; <64 x i8> u, x)."""
+        v64, v16i = _V(_i8, 64), _V(_i32, 16)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16i, [v16i, v64, v64]),
+            "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [_splat(_i32, 0, 16) if acc is None else acc, u, x])
+
     def _declare(builder):
         """(vpmaddubsw, vpmaddwd, vpsignb) declarations in the builder's module."""
         mod = builder.module
@@ -175,6 +237,8 @@ if HAVE_INT8_DOT:
         maddubs, maddwd, psign = ops
         if ws is not None:
             xv = builder.call(psign, [xv, ws])
+        if USE_VNNI:  # the same int32 lanes (no pair saturates)
+            return _dpbusd(builder, None, wv, xv)
         return builder.call(maddwd, [builder.call(maddubs, [wv, xv]), _splat(_i16, 1, 16)])
 
     def _broadcast(builder, value):
@@ -395,6 +459,7 @@ if HAVE_INT8_DOT:
 
         z_apart = bits == 4 and (TILE_Z_APART if z_apart is None else z_apart)
         pair = bits == 4 and (TILE_PAIRED if paired is None else paired)
+        zmm = pair and TILE_ZMM and rows == 1
 
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
@@ -470,7 +535,12 @@ if HAVE_INT8_DOT:
                 z8 = builder.shuffle_vector(z4, zero4, ir.Constant(_V(_i32, 8),
                                                                    [0, 2, 4, 4, 1, 3, 4, 4]))
                 pairs = []
-                for p in range(2):  # columns 2p, 2p + 1: 32 adjacent bytes
+                if zmm:  # the group's 64 bytes (columns 0-3) as one vector
+                    raw = _load_vec(builder, wa, builder.add(w_off, builder.mul(b, wstride)),
+                                    _V(_i8, 64))
+                    wide = (builder.and_(raw, _splat(_i8, 15, 64)),
+                            builder.lshr(raw, _splat(_i8, 4, 64)))
+                for p in range(0 if zmm else 2):  # columns 2p, 2p + 1: 32 adjacent bytes
                     raw = _load_vec(builder, wa, builder.add(builder.add(
                         w_off, _i64(2 * p * per)), builder.mul(b, wstride)), v32)
                     pairs.append((builder.and_(raw, _splat(_i8, 15, 32)),
@@ -489,15 +559,36 @@ if HAVE_INT8_DOT:
                 half = _V(_i8, 16)
                 xe = _load_vec(builder, xa, x_row, half)
                 xo = _load_vec(builder, xa, builder.add(x_row, _i64(16)), half)
+                if zmm:
+                    # the halves broadcast to all four 128-bit lanes against
+                    # the four columns at once: lanes 0-7 of the two zmm
+                    # vpdpbusd are pair 0's int32 lanes below, 8-15 pair 1's
+                    b4 = ir.Constant(_V(_i32, 64), list(range(16)) * 4)
+                    z = _dpbusd512(builder, _dpbusd512(
+                        builder, None, wide[0], builder.shuffle_vector(xe, xe, b4)),
+                        wide[1], builder.shuffle_vector(xo, xo, b4))
+                    lo32 = builder.shuffle_vector(z, z, ir.Constant(
+                        _V(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13]))
+                    hi32 = builder.shuffle_vector(z, z, ir.Constant(
+                        _V(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15]))
+                    return builder.add(lo32, hi32)
                 xe = builder.shuffle_vector(xe, xe, bcast)
                 xo = builder.shuffle_vector(xo, xo, bcast)
-                ps = [builder.bitcast(builder.add(builder.call(ops[0], [lo_, xe]),
-                                                  builder.call(ops[0], [hi_, xo])), v8i)
-                      for lo_, hi_ in pairs]
+                if USE_VNNI:
+                    # each int32 lane of a pair's two vpdpbusd: the sum of
+                    # the two int16 lanes vpmaddwd adds below, exactly
+                    ps = [_dpbusd(builder, _dpbusd(builder, None, lo_, xe), hi_, xo)
+                          for lo_, hi_ in pairs]
+                else:
+                    ps = [builder.bitcast(builder.add(builder.call(ops[0], [lo_, xe]),
+                                                      builder.call(ops[0], [hi_, xo])), v8i)
+                          for lo_, hi_ in pairs]
                 lo32 = builder.shuffle_vector(ps[0], ps[1], ir.Constant(
                     _V(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13]))
                 hi32 = builder.shuffle_vector(ps[0], ps[1], ir.Constant(
                     _V(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15]))
+                if USE_VNNI:
+                    return builder.add(lo32, hi32)
                 both16 = builder.add(builder.bitcast(lo32, v16i), builder.bitcast(hi32, v16i))
                 return builder.call(ops[1], [both16, _splat(_i16, 1, 16)])
 
@@ -507,7 +598,7 @@ if HAVE_INT8_DOT:
                 xv = None if pair else _load_vec(builder, xa, x_row, v32)
                 if pair:
                     isum = paired(x_row)
-                elif bits == 4 and TILE_I16_SUMS:
+                elif bits == 4 and TILE_I16_SUMS and not USE_VNNI:
                     isum = narrow(*(builder.call(ops[0], [wv, xv]) for wv, _ in wts))
                 else:
                     isum = unpacked(*(_block_isum(builder, ops, wv, ws, xv) for wv, ws in wts))
@@ -601,7 +692,9 @@ if HAVE_INT8_DOT:
     #: the IR helpers, for the other kernel stages (:mod:`._int8_panel`)
     IR = SimpleNamespace(unpack=_unpack, block_loop=_block_loop, load_vec=_load_vec,
                          load_scales=_load_scales, load_zero_points=_load_zero_points,
-                         splat=_splat, broadcast=_broadcast, declare=_declare)
+                         splat=_splat, broadcast=_broadcast, declare=_declare, dpbusd=_dpbusd,
+                         dpbusd512=_dpbusd512,
+                         prefetch=_prefetch)
 
     # (the prefetching ones for the fused blocks' short weight streams, as _group_pf)
     _tile4, _tile3, _tile2, _tile1 = (_tile_intrinsic(r) for r in (4, 3, 2, 1))

@@ -12,7 +12,7 @@ perplexity = exp(mean negative log-likelihood of every next token).
 ``--kv-dtype``: the KV caches to measure each level with: ``float32`` a
 contiguous float32 buffer carried between chunks (onnxruntime's layout),
 ``float16`` the engine's block-paged cache of IEEE half values
-(:mod:`actorrt.genai.kv_cache`; what ``open_engine`` runs at level 4), each
+(:mod:`actorrt.genai.kv_cache`; ``open_engine(kv_dtype="float16")``), each
 new key and value rounded to half as the kernels append it.
 """
 

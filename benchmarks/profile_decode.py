@@ -66,9 +66,9 @@ def _calibrate():
 
 
 def _kv_feeds(kind, kv_names, b, past, cap):
-    """(first step's past feeds, a function of the step s returning the next
-    step's feeds given the previous outputs): the contiguous buffers donated
-    and carried as the session returns them, or a paged cache bound per step."""
+    """A function of (step s, the previous step's outputs or None) returning
+    step s's past feeds: the contiguous buffers donated and carried as the
+    session returns them, or a paged cache grown and bound per step."""
     rng = np.random.default_rng(0)
     if kind == "contiguous":
         kv = [np.zeros((b, 3, cap, 64), np.float32) for _ in kv_names]

@@ -7,6 +7,13 @@ between them (the full-logits ``model.onnx`` / ``model.accuracy4.onnx``);
 perplexity = exp(mean negative log-likelihood of every next token).
 
     python benchmarks/perplexity.py [--model smollm2] [--chunk 256] [--max-tokens N]
+        [--kv-dtype float32,float16]
+
+``--kv-dtype``: the KV caches to measure each level with: ``float32`` a
+contiguous float32 buffer carried between chunks (onnxruntime's layout),
+``float16`` the engine's block-paged cache of IEEE half values
+(:mod:`actorrt.genai.kv_cache`; ``open_engine(kv_dtype="float16")``), each
+new key and value rounded to half as the kernels append it.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - x[np.arange(len(targets)), targets]
 
 
-async def perplexity(folder: Path, level: int, ids: np.ndarray, chunk: int) -> tuple[float, float]:
-    """(perplexity, seconds) of ``ids`` (1-D int64) under ``folder``'s graph at ``level``."""
+async def perplexity(folder: Path, level: int, ids: np.ndarray, chunk: int,
+                     kv_dtype: str = "float32") -> tuple[float, float]:
+    """(perplexity, seconds) of ``ids`` (1-D int64) under ``folder``'s graph at
+    ``level``, its KV cache contiguous float32 or paged float16 (``kv_dtype``)."""
     import onnx
 
     from actorrt import SessionOptions, open_session
@@ -43,19 +52,32 @@ async def perplexity(folder: Path, level: int, ids: np.ndarray, chunk: int) -> t
                  for i in proto.graph.input if i.name.startswith("past_key_values.")]
     outputs = ["logits"] + [n.replace("past_key_values.", "present.") for n, _ in kv_inputs]
     past = {n: np.zeros((1, shape[1], 0, shape[3]), np.float32) for n, shape in kv_inputs}
+    cache = None
+    if kv_dtype == "float16":
+        from actorrt.genai.kv_cache import KVCache
+        from actorrt.providers._memory import MemoryAccountant
+        kvh, d = kv_inputs[0][1][1], kv_inputs[0][1][3]
+        cache = KVCache([n for n, _ in kv_inputs], kvh, d, -(-len(ids) // 16) + 1,
+                        memory=MemoryAccountant("cpu"), dtype=np.float16)
+        blocks: list[int] = []
     nll = []
     t0 = time.perf_counter()
     async with open_session(path, options=SessionOptions(parallel_execution=False)) as s:
         done = 0
         while done < len(ids) - 1:
             piece = ids[done:done + chunk]
+            if cache is not None:  # the pools are the past and the present
+                cache.grow(blocks, done + len(piece))
+                past = cache.bind([blocks], len(piece))
             feeds = {"input_ids": piece[None, :],
                      "attention_mask": np.ones((1, done + len(piece)), np.int64), **past}
-            res = await s.run(outputs, feeds)
+            res = await s.run(outputs, feeds,
+                              donate=[n for n, _ in kv_inputs] if cache is not None else ())
             logits = np.asarray(res[0])[0]
             targets = ids[done + 1:done + 1 + len(piece)]
             nll.append(_log_softmax_nll(logits[:len(targets)], targets))
-            past = {n: np.asarray(v) for (n, _), v in zip(kv_inputs, res[1:])}
+            if cache is None:
+                past = {n: np.asarray(v) for (n, _), v in zip(kv_inputs, res[1:])}
             done += len(piece)
     nll = np.concatenate(nll)
     return math.exp(nll.mean()), time.perf_counter() - t0
@@ -67,6 +89,8 @@ def main() -> None:
     ap.add_argument("--text", default=str(TEXT))
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--max-tokens", type=int, default=0)
+    ap.add_argument("--kv-dtype", default="float32",
+                    help="comma-separated: float32 (contiguous), float16 (paged)")
     args = ap.parse_args()
 
     from actorrt.genai.models import prepare_model
@@ -79,11 +103,16 @@ def main() -> None:
         ids = ids[:args.max_tokens]
     print(f"{folder.name}: {len(ids)} tokens of {Path(args.text).name}")
     result = {}
+    kinds = args.kv_dtype.split(",")
     for level in (0, 4):
-        ppl, sec = trio.run(perplexity, folder, level, ids, args.chunk)
-        result[level] = ppl
-        print(f"accuracy_level {level}: perplexity {ppl:.4f} ({sec:.1f} s)")
-    print(f"level 4 / level 0: {result[4] / result[0]:.4f}")
+        for kv in kinds:
+            ppl, sec = trio.run(perplexity, folder, level, ids, args.chunk, kv)
+            result[level, kv] = ppl
+            print(f"accuracy_level {level}, KV {kv}: perplexity {ppl:.4f} ({sec:.1f} s)",
+                  flush=True)
+    base = result[0, kinds[0]]
+    for (level, kv), ppl in result.items():
+        print(f"level {level} KV {kv} / level 0 KV {kinds[0]}: {ppl / base:.4f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ stage's work and barrier wait (the region's cycle counters, the
 ``_fusion.STAGE_PROFILE`` hook).
 
     python benchmarks/profile_decode.py [--rows 1,8,16] [--past 80] [--steps 20]
+        [--kv contiguous|paged|paged16]
+
+``--kv``: the KV cache fed to the step: a contiguous float32 buffer per layer
+(the default), or the engine's block-paged pools (:mod:`actorrt.genai.kv_cache`)
+of float32 or float16 values, one run of blocks per row.
 """
 
 from __future__ import annotations
@@ -60,7 +65,39 @@ def _calibrate():
     return (bk.cycles() - c0) / (time.perf_counter() - t0)
 
 
-async def step_times(path, rows_list, past, steps, threads):
+def _kv_feeds(kind, kv_names, b, past, cap):
+    """A function of (step s, the previous step's outputs or None) returning
+    step s's past feeds: the contiguous buffers donated and carried as the
+    session returns them, or a paged cache grown and bound per step."""
+    rng = np.random.default_rng(0)
+    if kind == "contiguous":
+        kv = [np.zeros((b, 3, cap, 64), np.float32) for _ in kv_names]
+        for a in kv:
+            a[:, :, :past] = rng.standard_normal((b, 3, past, 64)).astype(np.float32)
+        state = {"kv": kv}
+
+        def feeds(s, res):
+            if res is not None:
+                state["kv"] = list(res[1:])
+            return dict(zip(kv_names, state["kv"]))
+        return feeds
+    from actorrt.genai.kv_cache import KVCache
+    from actorrt.providers._memory import MemoryAccountant
+    per_row = -(-cap // 16)
+    cache = KVCache(kv_names, 3, 64, b * per_row, memory=MemoryAccountant("cpu"),
+                    dtype=np.float16 if kind == "paged16" else np.float32)
+    for pool in cache.pools:
+        pool[...] = rng.standard_normal(pool.shape).astype(pool.dtype)
+    rows = [[] for _ in range(b)]
+
+    def feeds(s, res):
+        for r in rows:
+            cache.grow(r, past + s + 1)
+        return cache.bind(rows, 1)
+    return feeds
+
+
+async def step_times(path, rows_list, past, steps, threads, kind="contiguous"):
     import attrs
     from actorrt.providers.cpu.llm import _block_kernels as bk, _contrib_numba as nb
     from actorrt.providers.cpu.llm import _fusion
@@ -81,10 +118,8 @@ async def step_times(path, rows_list, past, steps, threads):
         kv_names = [n for n in names if n.startswith("past_key_values")]
         for b in rows_list:
             cap = past + steps + 8
-            kv = [np.zeros((b, 3, cap, 64), np.float32) for _ in kv_names]
-            for a in kv:
-                a[:, :, :past] = np.random.default_rng(0).standard_normal(
-                    (b, 3, past, 64)).astype(np.float32)
+            kv_feeds = _kv_feeds(kind, kv_names, b, past, cap)
+            res = None
             times = []
             regions = []
             prof = None
@@ -94,15 +129,13 @@ async def step_times(path, rows_list, past, steps, threads):
                 region_t.clear()
                 ids = np.full((b, 1), 1000 + s, np.int64)
                 mask = np.ones((b, past + s + 1), np.int64)
-                feeds = {"input_ids": ids, "attention_mask": mask,
-                         **dict(zip(kv_names, kv))}
+                feeds = {"input_ids": ids, "attention_mask": mask, **kv_feeds(s, res)}
                 if "logits_positions" in names:
                     feeds["logits_positions"] = np.zeros((b, 1, 1), np.int64)
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = await sess.run(None, feeds, donate=kv_names)
                 times.append((time.perf_counter() - t0, time.process_time() - c0))
                 regions.append(sum(region_t))
-                kv = list(res[1:])
             _fusion.STAGE_PROFILE = None
             wall = sorted(t[0] for t in times[3:])
             cpu = sorted(t[1] for t in times[3:])
@@ -156,15 +189,18 @@ def main():
     ap.add_argument("--past", type=int, default=80)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv", default="contiguous", choices=("contiguous", "paged", "paged16"))
+    ap.add_argument("--no-kernels", action="store_true",
+                    help="skip the one-thread projection timings")
     args = ap.parse_args()
     from actorrt.providers.cpu.llm import _contrib_numba
     threads = _contrib_numba.set_num_threads(args.threads)
     rows = [int(x) for x in args.rows.split(",")]
     path = model_file(prepare_model("smollm2"), 4, last_logits=True)
-    kt = kernel_times(rows)
-    st = trio.run(step_times, path, rows, args.past, args.steps, threads)
+    kt = {m: ({}, 0.0, 0.0, 0.0, 0.0) for m in rows} if args.no_kernels else kernel_times(rows)
+    st = trio.run(step_times, path, rows, args.past, args.steps, threads, args.kv)
     hz = _calibrate()
-    print(f"{threads} threads, past {args.past} cached rows")
+    print(f"{threads} threads, past {args.past} cached rows, KV {args.kv}")
     print(f"{'rows':>5} {'step ms':>8} {'CPU ms':>7} {'tok/s':>7} | one thread: 30 layers ms  GMAC/s  "
           f"head ms  GMAC/s  -> /threads ms  share of step")
     for m in rows:

@@ -210,40 +210,110 @@ if HAVE_NUMBA:
                 x[i + r2] = x2 * cos[i] + x1 * sin[i]
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
-    def _attend_rows(qg, pk, pv, b, kh, g, d, alpha, lo, hi, sc, mx, den,
-                     acc):  # pragma: no cover - compiled
-        # the g query heads qg (g, d) that share KV head kh of batch row b over
-        # cached rows [lo, hi), hi > lo, each K/V row read once for all g
-        # heads (it stays in L1 across them): mx[i] the largest score
-        # alpha * q_i.k_t, den[i] the sum of e^(score - mx[i]), acc[i, :d]
-        # (zeroed by the caller) += e^(score - mx[i]) v_t; sc (g, >= hi - lo)
-        for i in range(g):
-            mx[i] = np.float32(-np.inf)
-        for t in range(lo, hi):
-            kr = pk[b, kh, t]
-            for i in range(g):
-                qi = qg[i]
-                dot = np.float32(0.0)
-                for j in range(d):
-                    dot += qi[j] * kr[j]
-                dot *= alpha
-                sc[i, t - lo] = dot
-                mx[i] = max(mx[i], dot)
+    def _dots4(qi, k0, k1, k2, k3, d):  # pragma: no cover - compiled
+        # qi . k0 .. qi . k3 (float32 reductions over d; one load of qi[e]
+        # for the four rows): every score of the decode kernels is computed
+        # by this code, whatever its place in a group
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for e in range(d):
+            x = qi[e]
+            s0 += x * k0[e]
+            s1 += x * k1[e]
+            s2 += x * k2[e]
+            s3 += x * k3[e]
+        return s0, s1, s2, s3
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _axpy4(ai, w0, w1, w2, w3, v0, v1, v2, v3, d):  # pragma: no cover - compiled
+        # ai += w0 v0, then w1 v1, w2 v2, w3 v3 (one load and store of ai a
+        # group; the additions in position order, as one row at a time)
+        for e in range(d):
+            a = ai[e]
+            a += w0 * v0[e]
+            a += w1 * v1[e]
+            a += w2 * v2[e]
+            a += w3 * v3[e]
+            ai[e] = a
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _group_scores(sc, mx, i, t0, lo, hi, alpha, s0, s1, s2, s3):  # pragma: no cover
+        # the scores of positions t0 .. t0 + 3 that lie in [lo, hi) into
+        # sc[i, t - lo], their largest into mx[i]
+        m = mx[i]
+        si = sc[i]
+        if t0 >= lo:
+            si[t0 - lo] = s0 * alpha
+            m = max(m, s0 * alpha)
+        if t0 + 1 >= lo and t0 + 1 < hi:
+            si[t0 + 1 - lo] = s1 * alpha
+            m = max(m, s1 * alpha)
+        if t0 + 2 >= lo and t0 + 2 < hi:
+            si[t0 + 2 - lo] = s2 * alpha
+            m = max(m, s2 * alpha)
+        if t0 + 3 < hi:
+            si[t0 + 3 - lo] = s3 * alpha
+            m = max(m, s3 * alpha)
+        mx[i] = m
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _group_weights(si, t0, lo, hi):  # pragma: no cover - compiled
+        # the softmax weights of positions t0 .. t0 + 3 (0 outside [lo, hi))
+        z = np.float32(0.0)
+        return (si[t0 - lo] if t0 >= lo else z,
+                si[t0 + 1 - lo] if (t0 + 1 >= lo and t0 + 1 < hi) else z,
+                si[t0 + 2 - lo] if (t0 + 2 >= lo and t0 + 2 < hi) else z,
+                si[t0 + 3 - lo] if t0 + 3 < hi else z)
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _exp_rows(sc, mx, den, g, n):  # pragma: no cover - compiled
+        # sc[i, :n] = e^(sc[i, :n] - mx[i]), den[i] their sum
         for i in range(g):
             m_i = mx[i]
             tot_e = np.float32(0.0)
-            for t in range(hi - lo):
+            for t in range(n):
                 e = _expf(sc[i, t] - m_i)  # vectorizes (no libm call)
                 sc[i, t] = e
                 tot_e += e
             den[i] = tot_e
-        for t in range(lo, hi):
-            vr = pv[b, kh, t]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _attend_rows(qg, pk, pv, b, kh, g, d, alpha, lo, hi, sc, mx, den,
+                     acc):  # pragma: no cover - compiled
+        # the g query heads qg (g, d) that share KV head kh of batch row b over
+        # cached rows [lo, hi), hi > lo, each K/V row read once for all g
+        # heads: mx[i] the largest score alpha * q_i.k_t, den[i] the sum of
+        # e^(score - mx[i]), acc[i, :d] (zeroed by the caller) +=
+        # e^(score - mx[i]) v_t; sc (g, >= hi - lo). Rows go in groups of four
+        # aligned to absolute positions (t0 = multiples of 4; a group's rows
+        # outside [lo, hi) read a row inside it and weigh 0), so a position's
+        # score and its group's sum are the same whatever lo, hi and the
+        # cache layout (``_paged_kernels.rows_paged`` is this code through a
+        # block table)
+        for i in range(g):
+            mx[i] = np.float32(-np.inf)
+        last = hi - 1
+        g0 = lo - lo % 4
+        t0 = g0
+        while t0 < hi:
+            k0 = pk[b, kh, max(t0, lo)]
+            k1 = pk[b, kh, min(max(t0 + 1, lo), last)]
+            k2 = pk[b, kh, min(max(t0 + 2, lo), last)]
+            k3 = pk[b, kh, min(t0 + 3, last)]
             for i in range(g):
-                e = sc[i, t - lo]
-                ai = acc[i]
-                for j in range(d):
-                    ai[j] += e * vr[j]
+                s0, s1, s2, s3 = _dots4(qg[i], k0, k1, k2, k3, d)
+                _group_scores(sc, mx, i, t0, lo, hi, alpha, s0, s1, s2, s3)
+            t0 += 4
+        _exp_rows(sc, mx, den, g, hi - lo)
+        t0 = g0
+        while t0 < hi:
+            v0 = pv[b, kh, max(t0, lo)]
+            v1 = pv[b, kh, min(max(t0 + 1, lo), last)]
+            v2 = pv[b, kh, min(max(t0 + 2, lo), last)]
+            v3 = pv[b, kh, min(t0 + 3, last)]
+            for i in range(g):
+                w0, w1, w2, w3 = _group_weights(sc[i], t0, lo, hi)
+                _axpy4(acc[i], w0, w1, w2, w3, v0, v1, v2, v3, d)
+            t0 += 4
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def _attend_group(query, pk, pv, cos, sin, pos, past, tot, b, kh, g, d, s_len, r2, rotary,

@@ -67,51 +67,65 @@ if HAVE_PAGED:
                 kv_put(row, e, tmp[e])
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _dots4(qi, k0, k1, k2, k3, d):  # pragma: no cover - compiled
+        # _nb._dots4 on pool rows (float32, or half bits converted on read)
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for e in range(d):
+            x = qi[e]
+            s0 += x * kv_get(k0, e)
+            s1 += x * kv_get(k1, e)
+            s2 += x * kv_get(k2, e)
+            s3 += x * kv_get(k3, e)
+        return s0, s1, s2, s3
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _axpy4(ai, w0, w1, w2, w3, v0, v1, v2, v3, d):  # pragma: no cover - compiled
+        # _nb._axpy4 on pool rows
+        for e in range(d):
+            a = ai[e]
+            a += w0 * kv_get(v0, e)
+            a += w1 * kv_get(v1, e)
+            a += w2 * kv_get(v2, e)
+            a += w3 * kv_get(v3, e)
+            ai[e] = a
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
+    def _row(pool, bt, b, kh, t, lo, hi, bs):  # pragma: no cover - compiled
+        # the row of position t of batch row b (t clamped into [lo, hi))
+        t = min(max(t, lo), hi - 1)
+        j = t // bs
+        return pool[bt[b, j], kh, t - j * bs]
+
+    @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def rows_paged(qg, kpool, vpool, bt, b, kh, g, d, alpha, lo, hi, sc, mx, den,
                    acc):  # pragma: no cover - compiled
         # _nb._attend_rows over rows [lo, hi) of batch row b read through bt
+        # (the same groups of four positions, the same arithmetic)
         bs = kpool.shape[2]
         for i in range(g):
             mx[i] = np.float32(-np.inf)
-        t = lo
-        while t < hi:
-            j = t // bs
-            o0 = t - j * bs
-            n = min(bs - o0, hi - t)
-            kb = kpool[bt[b, j], kh]
-            for r in range(n):
-                kr = kb[o0 + r]
-                for i in range(g):
-                    qi = qg[i]
-                    dot = np.float32(0.0)
-                    for e in range(d):
-                        dot += qi[e] * kv_get(kr, e)
-                    dot *= alpha
-                    sc[i, t + r - lo] = dot
-                    mx[i] = max(mx[i], dot)
-            t += n
-        for i in range(g):
-            m_i = mx[i]
-            tot_e = np.float32(0.0)
-            for t in range(hi - lo):
-                e = _expf(sc[i, t] - m_i)
-                sc[i, t] = e
-                tot_e += e
-            den[i] = tot_e
-        t = lo
-        while t < hi:
-            j = t // bs
-            o0 = t - j * bs
-            n = min(bs - o0, hi - t)
-            vb = vpool[bt[b, j], kh]
-            for r in range(n):
-                vr = vb[o0 + r]
-                for i in range(g):
-                    w = sc[i, t + r - lo]
-                    ai = acc[i]
-                    for e in range(d):
-                        ai[e] += w * kv_get(vr, e)
-            t += n
+        g0 = lo - lo % 4
+        t0 = g0
+        while t0 < hi:
+            k0 = _row(kpool, bt, b, kh, t0, lo, hi, bs)
+            k1 = _row(kpool, bt, b, kh, t0 + 1, lo, hi, bs)
+            k2 = _row(kpool, bt, b, kh, t0 + 2, lo, hi, bs)
+            k3 = _row(kpool, bt, b, kh, t0 + 3, lo, hi, bs)
+            for i in range(g):
+                s0, s1, s2, s3 = _dots4(qg[i], k0, k1, k2, k3, d)
+                _nb._group_scores(sc, mx, i, t0, lo, hi, alpha, s0, s1, s2, s3)
+            t0 += 4
+        _nb._exp_rows(sc, mx, den, g, hi - lo)
+        t0 = g0
+        while t0 < hi:
+            v0 = _row(vpool, bt, b, kh, t0, lo, hi, bs)
+            v1 = _row(vpool, bt, b, kh, t0 + 1, lo, hi, bs)
+            v2 = _row(vpool, bt, b, kh, t0 + 2, lo, hi, bs)
+            v3 = _row(vpool, bt, b, kh, t0 + 3, lo, hi, bs)
+            for i in range(g):
+                w0, w1, w2, w3 = _nb._group_weights(sc[i], t0, lo, hi)
+                _axpy4(acc[i], w0, w1, w2, w3, v0, v1, v2, v3, d)
+            t0 += 4
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def attend_group_paged(query, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, g, d,

@@ -208,3 +208,75 @@ async def test_pools_of_two_dtypes_are_refused():
         with pytest.raises(actorrt.KernelError, match="GroupQueryAttention"):
             await sess.run(None, {**feeds, "past_key": kp, "past_value": vp},
                            donate=["past_key", "past_value"])
+
+
+def _decode_reference(q, keys, vals, tot, window, g, d):
+    """float64 decode attention: q (B, H*D), keys/vals (B, KVH, T, D) float64,
+    each row b attends positions [max(0, T_b - window), T_b) (all: window 0)."""
+    bsz = q.shape[0]
+    heads = q.shape[1] // d
+    out = np.zeros((bsz, heads * d))
+    for b in range(bsz):
+        lo = max(0, tot[b] - window) if window > 0 else 0
+        for hh in range(heads):
+            kh = hh // g
+            sc = keys[b, kh, lo:tot[b]] @ q[b, hh * d:(hh + 1) * d] / np.sqrt(d)
+            w = np.exp(sc - sc.max())
+            out[b, hh * d:(hh + 1) * d] = (w / w.sum()) @ vals[b, kh, lo:tot[b]]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("window", [0, 3, 6, 13])
+def test_decode_rows_of_mixed_lengths_equal_float64_on_the_pool_values(dtype, block_size,
+                                                                       window):
+    # one query row per batch row, context lengths on and around the decode
+    # kernel's groups of four positions and the blocks (1, 6, 17, 39, 70
+    # attended positions; a window moves the first one off a group start):
+    # a float16 pool against float64 on its half values, a float32 pool also
+    # bit for bit against the contiguous cache's kernel
+    from actorrt.providers.cpu.llm import _paged_kernels as pk
+
+    rng = np.random.default_rng(5)
+    h, kvh, d = 6, 2, 16
+    seqlens = np.array([0, 5, 16, 38, 69], np.int64)
+    bsz, tot = len(seqlens), seqlens + 1
+    cap = int(tot.max())
+    nb = -(-cap // block_size)
+    keys = rng.standard_normal((bsz, kvh, nb * block_size, d)).astype(dtype)
+    vals = rng.standard_normal((bsz, kvh, nb * block_size, d)).astype(dtype)
+    q = rng.standard_normal((bsz, 1, h * d)).astype(np.float32)
+    kn = rng.standard_normal((bsz, 1, kvh * d)).astype(np.float32)
+    vn = rng.standard_normal((bsz, 1, kvh * d)).astype(np.float32)
+    # the pools: batch row b's blocks in a shuffled order
+    order = rng.permutation(bsz * nb)
+    table = order.reshape(bsz, nb).astype(np.int32)
+    kpool = np.zeros((bsz * nb, kvh, block_size, d), dtype)
+    vpool = np.zeros_like(kpool)
+    for b in range(bsz):
+        for j in range(nb):
+            kpool[table[b, j]] = keys[b, :, j * block_size:(j + 1) * block_size]
+            vpool[table[b, j]] = vals[b, :, j * block_size:(j + 1) * block_size]
+    got, status = pk.gqa_paged(q, kn, vn, kpool, vpool, table, seqlens, cap, None, None, None,
+                               num_heads=h, kv_num_heads=kvh, alpha=1.0 / np.sqrt(d),
+                               window=window, interleaved=False)
+    assert status == 0
+    # the reference's cache: the pools' values, the new row appended (rounded
+    # as the pool stores it)
+    k64 = keys.astype(np.float64)
+    v64 = vals.astype(np.float64)
+    for b in range(bsz):
+        k64[b, :, seqlens[b]] = kn[b, 0].reshape(kvh, d).astype(dtype)
+        v64[b, :, seqlens[b]] = vn[b, 0].reshape(kvh, d).astype(dtype)
+    want = _decode_reference(q[:, 0].astype(np.float64), k64, v64, tot, window, h // kvh, d)
+    np.testing.assert_allclose(got[:, 0], want, rtol=1e-5, atol=1e-5)
+    if dtype == np.float32:  # the contiguous cache: the same kernel, the same bits
+        pk_c = np.ascontiguousarray(keys)
+        pv_c = np.ascontiguousarray(vals)
+        out, status = nbk.gqa_attention(q, kn, vn, pk_c, pv_c, pk_c, pv_c, seqlens, cap, None,
+                                        None, None, num_heads=h, kv_num_heads=kvh,
+                                        copy_past=False, alpha=1.0 / np.sqrt(d),
+                                        window=window, interleaved=False)
+        assert status == 0
+        np.testing.assert_array_equal(out, got)

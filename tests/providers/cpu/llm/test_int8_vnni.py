@@ -108,6 +108,7 @@ def avx2_outputs(tmp_path_factory):
         return inputs, {k: f[k] for k in f.files}, info
 
 
+@pytest.mark.slow  # the AVX2 subprocess compiles every int8 kernel once more (~1-2 min)
 @needs_vnni
 @needs_default
 def test_the_switch_joins_the_cache_stamp(avx2_outputs):
@@ -116,6 +117,7 @@ def test_the_switch_joins_the_cache_stamp(avx2_outputs):
     assert avx2_outputs[2]["variants"] == [["ACTORRT_INT8_VNNI", "0"]]
 
 
+@pytest.mark.slow
 @needs_vnni
 @needs_default
 @pytest.mark.parametrize("case", range(len(CASES)),

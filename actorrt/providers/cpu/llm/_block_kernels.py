@@ -126,22 +126,10 @@ if _i8.HAVE_INT8_DOT:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    @intrinsic
-    def _atomic_add(typingctx, arr, idx, val):
-        """arr[idx] += val atomically (sequentially consistent); the old value."""
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.atomic_rmw("add", builder.gep(data, [args[1]]), args[2], "seq_cst")
-        return types.int64(arr, types.int64, types.int64), codegen
-
-    @intrinsic
-    def _atomic_get(typingctx, arr, idx):
-        """arr[idx], an acquire load: what was written before the matching
-        atomic add is visible after it."""
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.load_atomic(builder.gep(data, [args[1]]), "acquire", 8)
-        return types.int64(arr, types.int64), codegen
+    # the shared intrinsics (atomic add, acquire load, cycle counter)
+    from .._atomics import atomic_add as _atomic_add
+    from .._atomics import cycles as _cycles
+    from .._atomics import load_acquire as _atomic_get
 
     @njit(nogil=True, cache=True, inline="always")
     def _claim(ctr, stage):  # pragma: no cover - compiled
@@ -150,15 +138,6 @@ if _i8.HAVE_INT8_DOT:
     @njit(nogil=True, cache=True, inline="always")
     def _done(ctr, stage):  # pragma: no cover - compiled
         _atomic_add(ctr, 2 * stage + 1, 1)
-
-    @intrinsic
-    def _cycles(typingctx):
-        """The CPU's cycle counter (``rdtsc`` on x86-64; constant rate)."""
-        def codegen(context, builder, sig, args):
-            fn = cgutils.get_or_insert_function(
-                builder.module, _ir.FunctionType(_ir.IntType(64), []), "llvm.readcyclecounter")
-            return builder.call(fn, [])
-        return types.int64(), codegen
 
     @njit(nogil=True, cache=True)
     def cycles():  # pragma: no cover - compiled

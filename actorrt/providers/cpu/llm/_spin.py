@@ -9,19 +9,16 @@ idle, the stage program's spin-waits the suspect).
 
 * ``backoff(spins)``: one round of a wait loop; returns ``spins + 1``.
 
-``sched_yield`` is reached through a symbol this module registers with LLVM
-(``actorrt_sched_yield``, libc's address) before any kernel is compiled or
-loaded from numba's disk cache; without libc's ``sched_yield`` (not Linux or
-another POSIX libc) the backoff only spins.
+The backoff is :func:`.._atomics.backoff` (shared with the partner threads
+of :mod:`.._partner`) with this module's :data:`SPIN_PAUSES`; without libc's
+``sched_yield`` (:data:`HAVE_YIELD` False) it only spins.
 """
 
 from __future__ import annotations
 
 from .. import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
-import ctypes
-import platform
-
+from .. import _atomics as _at
 from . import _contrib_numba as _nb
 
 #: pause rounds before a waiting thread starts to yield its core (one round
@@ -29,49 +26,12 @@ from . import _contrib_numba as _nb
 SPIN_PAUSES = 4096
 
 
-def _register_yield() -> bool:
-    try:
-        import llvmlite.binding as ll
-        fn = ctypes.CDLL(None).sched_yield
-    except (OSError, AttributeError, ImportError):  # pragma: no cover - no libc symbol
-        return False
-    ll.add_symbol("actorrt_sched_yield", ctypes.cast(fn, ctypes.c_void_p).value)
-    return True
-
-
-HAVE_YIELD = _nb.HAVE_NUMBA and _register_yield()
+HAVE_YIELD = _nb.HAVE_NUMBA and _at.HAVE_YIELD
 
 if _nb.HAVE_NUMBA:
-    from llvmlite import ir as _ir
-    from numba import njit, types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    _X86 = platform.machine().lower() in ("x86_64", "amd64")
-
-    @intrinsic
-    def _pause_or_yield(typingctx, spins):
-        """``pause`` while spins < SPIN_PAUSES (x86), else ``sched_yield()``."""
-        def codegen(context, builder, sig, args):
-            limit = _ir.Constant(args[0].type, SPIN_PAUSES)
-            with builder.if_else(builder.icmp_signed("<", args[0], limit)) as (spin, give):
-                with spin:
-                    if _X86:
-                        fn = cgutils.get_or_insert_function(
-                            builder.module, _ir.FunctionType(_ir.VoidType(), []),
-                            "llvm.x86.sse2.pause")
-                        builder.call(fn, [])
-                with give:
-                    if HAVE_YIELD:
-                        fn = cgutils.get_or_insert_function(
-                            builder.module, _ir.FunctionType(_ir.IntType(32), []),
-                            "actorrt_sched_yield")
-                        builder.call(fn, [])
-            return context.get_dummy_value()
-        return types.none(types.int64), codegen
+    from numba import njit
 
     @njit(nogil=True, cache=True, inline="always")
     def backoff(spins):  # pragma: no cover - compiled
         # one round of a spin-wait: spins pause rounds so far -> spins + 1
-        _pause_or_yield(spins)
-        return spins + 1
+        return _at.backoff(spins, SPIN_PAUSES)

@@ -19,7 +19,8 @@ from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every ker
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "PARALLEL_MIN_ELEMENTS"]
+__all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "rows_range", "PARALLEL_MIN_ELEMENTS",
+           "PARTNER_MIN_ELEMENTS", "USE_PARTNERS"]
 
 #: the compiled path runs (tests switch it off to check the numpy one)
 COMPILED = True
@@ -28,6 +29,11 @@ COMPILED = True
 #: loop (:func:`._parallel.run_chunks`; numba's own parallel region waited for
 #: descheduled pool threads on the loaded 2-core machine)
 PARALLEL_MIN_ELEMENTS = 1 << 16
+#: with the compiled partner threads (:mod:`._partner`: a hand-off of about a
+#: microsecond, no Python) the rows split from this many elements
+PARTNER_MIN_ELEMENTS = 1 << 14
+#: split through the compiled partners where they exist (False: the chunk loop)
+USE_PARTNERS = True
 
 try:
     from numba import njit
@@ -76,9 +82,18 @@ if HAVE_NUMBA:
             _normalize(x, gamma, beta, eps, y, mean_o, inv_o, r, acc, flags)
 
     @njit(nogil=True, cache=True)
-    def _rows_serial(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
-        for r in range(x.shape[0]):
+    def rows_range(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags, r0,
+                   r1):  # pragma: no cover - compiled
+        """Rows ``r0 .. r1 - 1`` of the normalization (:func:`layer_norm`'s
+        operands as 2-D (rows, D) float32 arrays; ``flags``: 1 skip, 2 bias,
+        4 beta; ``skip`` / ``s`` may be (1, 1) and ``bias`` / ``beta`` (1,)
+        placeholders when their flag is off)."""
+        for r in range(r0, r1):
             _row(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, r, flags)
+
+    @njit(nogil=True, cache=True)
+    def _rows_serial(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
+        rows_range(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags, 0, x.shape[0])
 
 
 
@@ -146,11 +161,21 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
     inv = np.empty(rows, np.float32)
     eps = float(np.float32(epsilon))
     threads = 1
-    if rows >= 2 and rows * d >= PARALLEL_MIN_ELEMENTS:
+    if rows >= 2 and rows * d >= PARTNER_MIN_ELEMENTS:
         from . import _threads
         threads = min(_threads.current(), rows)
+    team = None
+    if threads > 1:
+        from . import _partner
+        team = _partner.team(threads) if USE_PARTNERS else None
+        if team is None and rows * d < PARALLEL_MIN_ELEMENTS:
+            threads = 1
     if threads <= 1:
         _rows_serial(x2, sk, bi, g, b, eps, y, s, mean, inv, flags)
+    elif team is not None:  # row ranges over the compiled partner threads
+        from . import _partner
+        _partner.layer_norm_rows(team, x2, sk, bi, g, b, eps, y, s, mean, inv, flags,
+                                 min(rows, 2 * threads))
     else:  # row blocks, one serial call each, on the help-first chunk loop
         from . import _parallel
         per = -(-rows // threads)

@@ -217,16 +217,16 @@ def _sgemm():
 _SGEMM = None
 
 
-def batched_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
-                ) -> np.ndarray | None:
+def batched_f32(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+                threads: int = 1) -> np.ndarray | None:
     """``np.matmul(a, b)`` (into ``out`` when given) for float32 batches of
     one batch shape by the compiled GEMM (:func:`._sgemm_numba.bmm`, ``b``
-    packed per entry); None when that kernel does not apply (then the caller
-    runs numpy's)."""
+    packed per entry, entries split over ``threads``); None when that kernel
+    does not apply (then the caller runs numpy's)."""
     if a.dtype != np.float32 or b.dtype != np.float32 or a.ndim < 3 or a.ndim != b.ndim:
         return None
     sg = _sgemm()
-    return None if sg is None else sg.bmm(a, b, out)
+    return None if sg is None else sg.bmm(a, b, out, threads)
 
 
 class ConstantOperand:

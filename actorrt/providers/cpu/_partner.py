@@ -21,24 +21,38 @@ after :data:`IDLE_CYCLES` cycle-counter ticks without one it leaves the
 compiled loop and blocks on a semaphore (no CPU while idle); the next post
 from Python wakes it (its first chunks then run on the caller alone).
 
-Jobs (:func:`gemm_panels`): the compiled sgemm's column panels
-(:mod:`._sgemm_numba`). Available with :data:`._sgemm_numba.HAVE_SGEMM`.
+Jobs (one kind a post, its items cut into ``chunks`` ranges):
+
+* :func:`gemm_panels`: the compiled sgemm's column panels (:mod:`._sgemm_numba`);
+* :func:`bmm_entries`: the batch entries of the compiled batched product
+  (attention's two products, :func:`._sgemm_numba.bmm`);
+* :func:`layer_norm_rows`: rows of (Skip)LayerNormalization
+  (:mod:`._layernorm_numba`);
+* :func:`softmax_rows`: rows of the scaled, masked softmax
+  (:mod:`._softmax_numba`).
+
+Every row / entry gives the same bits whichever thread runs it, so a split
+result equals the one-thread result exactly. Available
+(:data:`AVAILABLE`) with :data:`._sgemm_numba.HAVE_SGEMM` (numba, AVX-512)
+and libc's ``sched_yield``.
 """
 
 from __future__ import annotations
 
 from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
-import ctypes
 import os
-import platform
 import threading
 
 import numpy as np
 
+from . import _atomics as _at
+from . import _layernorm_numba as _ln
 from . import _sgemm_numba as _sg
+from . import _softmax_numba as _sm
 
-__all__ = ["AVAILABLE", "IDLE_CYCLES", "gemm_panels", "team"]
+__all__ = ["AVAILABLE", "IDLE_CYCLES", "bmm_entries", "gemm_panels", "layer_norm_rows",
+           "softmax_rows", "team"]
 
 #: cycle-counter ticks (TSC, 2.6 GHz here: ~77 us) a partner spins without a
 #: job before it parks (3,000,000 measured the same on/off ratios under load 4)
@@ -47,55 +61,25 @@ IDLE_CYCLES = 200_000
 SPIN_PAUSES = 2048
 
 # control word slots
-_WORD, _DONE, _STOP = 0, 1, 3
+_WORD, _DONE, _KIND, _STOP, _ITEMS, _SIZE = 0, 1, 2, 3, 4, 5
 _P = 8  # job parameters from here
-_SLOTS = 32
+_SLOTS = 40
+# job kinds
+_GEMM, _LN, _SOFTMAX, _BMM = 0, 1, 2, 3
 
 
-def _register_yield() -> bool:
-    try:
-        import llvmlite.binding as ll
-        fn = ctypes.CDLL(None).sched_yield
-    except (OSError, AttributeError, ImportError):  # pragma: no cover - no libc symbol
-        return False
-    ll.add_symbol("actorrt_partner_sched_yield", ctypes.cast(fn, ctypes.c_void_p).value)
-    return True
-
-
-AVAILABLE = _sg.HAVE_SGEMM and _register_yield()
+AVAILABLE = _sg.HAVE_SGEMM and _at.HAVE_YIELD
 
 if AVAILABLE:
     from llvmlite import ir
     from numba import carray, njit, types
-    from numba.core import cgutils
+    from numpy.lib.stride_tricks import as_strided
     from numba.extending import intrinsic
 
-    _X86 = platform.machine().lower() in ("x86_64", "amd64")
-
-    @intrinsic
-    def _atomic_add(typingctx, arr, idx, val):
-        """arr[idx] += val atomically (seq_cst); the old value."""
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.atomic_rmw("add", builder.gep(data, [args[1]]), args[2], "seq_cst")
-        return types.int64(arr, types.int64, types.int64), codegen
-
-    @intrinsic
-    def _load_acq(typingctx, arr, idx):
-        """arr[idx] as an acquire load."""
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            return builder.load_atomic(builder.gep(data, [args[1]]), "acquire", 8)
-        return types.int64(arr, types.int64), codegen
-
-    @intrinsic
-    def _store_rel(typingctx, arr, idx, val):
-        """arr[idx] = val as a release store."""
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            builder.store_atomic(args[2], builder.gep(data, [args[1]]), "release", 8)
-            return context.get_dummy_value()
-        return types.none(arr, types.int64, types.int64), codegen
+    from ._atomics import atomic_add as _atomic_add
+    from ._atomics import cycles as _cycles
+    from ._atomics import load_acquire as _load_acq
+    from ._atomics import store_release as _store_rel
 
     @intrinsic
     def _f32_at(typingctx, addr):
@@ -104,47 +88,60 @@ if AVAILABLE:
             return builder.inttoptr(args[0], ir.FloatType().as_pointer())
         return types.CPointer(types.float32)(types.int64), codegen
 
-    @intrinsic
-    def _cycles(typingctx):
-        def codegen(context, builder, sig, args):
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
-            return builder.call(fn, [])
-        return types.int64(), codegen
+    @njit(nogil=True, cache=True, inline="always")
+    def _pause_or_yield(spins):  # pragma: no cover - compiled
+        _at.pause_or_yield(spins, SPIN_PAUSES)
 
     @intrinsic
-    def _pause_or_yield(typingctx, spins):
+    def _f64_from_bits(typingctx, bits):
+        """The float64 whose bit pattern is the int64 ``bits``."""
         def codegen(context, builder, sig, args):
-            limit = ir.Constant(args[0].type, SPIN_PAUSES)
-            with builder.if_else(builder.icmp_signed("<", args[0], limit)) as (spin, give):
-                with spin:
-                    if _X86:
-                        fn = cgutils.get_or_insert_function(
-                            builder.module, ir.FunctionType(ir.VoidType(), []),
-                            "llvm.x86.sse2.pause")
-                        builder.call(fn, [])
-                with give:
-                    fn = cgutils.get_or_insert_function(
-                        builder.module, ir.FunctionType(ir.IntType(32), []),
-                        "actorrt_partner_sched_yield")
-                    builder.call(fn, [])
-            return context.get_dummy_value()
-        return types.none(types.int64), codegen
+            return builder.bitcast(args[0], ir.DoubleType())
+        return types.float64(types.int64), codegen
+
+    @intrinsic
+    def _bits_of_f64(typingctx, x):
+        """The int64 bit pattern of the float64 ``x``."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.int64(types.float64), codegen
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _f32s(addr, shape):  # pragma: no cover - compiled
+        return carray(_f32_at(addr), shape)
 
     @njit(nogil=True, cache=True)
-    def _run_gemm_chunk(ctrl, c):  # pragma: no cover - compiled
-        m = ctrl[_P + 4]
-        k = ctrl[_P + 5]
-        n = ctrl[_P + 6]
-        npan = ctrl[_P + 7]
-        size = ctrl[_P + 10]
-        a = carray(_f32_at(ctrl[_P + 0]), (m, k))
-        p = carray(_f32_at(ctrl[_P + 1]), (npan, k, _sg.NR))
-        bias = carray(_f32_at(ctrl[_P + 2]), (npan * _sg.NR,))
-        out = carray(_f32_at(ctrl[_P + 3]), (m, n))
-        j0 = c * size
-        j1 = min(npan, j0 + size)
-        _sg.gemm_panels_range(a, p, bias, out, j0, j1, ctrl[_P + 8], ctrl[_P + 9])
+    def _run_chunk(ctrl, c):  # pragma: no cover - compiled
+        # items c * size .. of the posted job (parameters read after the claim)
+        kind = ctrl[_KIND]
+        size = ctrl[_SIZE]
+        i0 = c * size
+        i1 = min(ctrl[_ITEMS], i0 + size)
+        q = _P
+        if kind == _GEMM:
+            m, k, n, npan = ctrl[q + 4], ctrl[q + 5], ctrl[q + 6], ctrl[q + 7]
+            _sg.gemm_panels_range(_f32s(ctrl[q], (m, k)), _f32s(ctrl[q + 1], (npan, k, _sg.NR)),
+                                  _f32s(ctrl[q + 2], (npan * _sg.NR,)),
+                                  _f32s(ctrl[q + 3], (m, n)), i0, i1, ctrl[q + 8], ctrl[q + 9])
+        elif kind == _LN:
+            rows, d = ctrl[q + 9], ctrl[q + 10]
+            _ln.rows_range(_f32s(ctrl[q], (rows, d)), _f32s(ctrl[q + 1], (ctrl[q + 13], ctrl[q + 14])),
+                           _f32s(ctrl[q + 2], (ctrl[q + 15],)), _f32s(ctrl[q + 3], (d,)),
+                           _f32s(ctrl[q + 4], (ctrl[q + 16],)), _f64_from_bits(ctrl[q + 12]),
+                           _f32s(ctrl[q + 5], (rows, d)),
+                           _f32s(ctrl[q + 6], (ctrl[q + 17], ctrl[q + 18])),
+                           _f32s(ctrl[q + 7], (rows,)), _f32s(ctrl[q + 8], (rows,)),
+                           ctrl[q + 11], i0, i1)
+        elif kind == _SOFTMAX:
+            _sm.rows_range(_f32s(ctrl[q], (ctrl[q + 1], ctrl[q + 2])), np.float32(_f64_from_bits(ctrl[q + 5])),
+                           _f32s(ctrl[q + 3], (ctrl[q + 4], ctrl[q + 7])), ctrl[q + 4],
+                           ctrl[q + 6] != 0, i0, i1)
+        else:  # _BMM
+            bt, m, k, n = ctrl[q + 3], ctrl[q + 4], ctrl[q + 5], ctrl[q + 6]
+            b = as_strided(_f32s(ctrl[q + 1], (ctrl[q + 10],)), shape=(bt, k, n),
+                           strides=(ctrl[q + 7], ctrl[q + 8], ctrl[q + 9]))
+            _sg.bmm_entries(_f32s(ctrl[q], (bt, m, k)), b, _f32s(ctrl[q + 2], (bt, m, n)),
+                            ctrl[q + 11], i0, i1)
 
     @njit(nogil=True, cache=True)
     def _partner_loop(ctrl, idle):  # pragma: no cover - compiled
@@ -159,7 +156,7 @@ if AVAILABLE:
             if (w & 0xFFFF) < ((w >> 16) & 0xFFFF):
                 old = _atomic_add(ctrl, _WORD, 1)
                 if (old & 0xFFFF) < ((old >> 16) & 0xFFFF):
-                    _run_gemm_chunk(ctrl, old & 0xFFFF)
+                    _run_chunk(ctrl, old & 0xFFFF)
                     _atomic_add(ctrl, _DONE, 1)
                 t0 = _cycles()
                 spins = 0
@@ -170,21 +167,15 @@ if AVAILABLE:
             spins += 1
 
     @njit(nogil=True, cache=True)
-    def _split_gemm(ctrl, a, p, bias, out, act, row_block, chunks, size):  # pragma: no cover
-        # post the job (parameters, then the control word), claim chunks with
-        # the team, wait for the claimed ones
-        m, k = a.shape
-        ctrl[_P + 0] = a.ctypes.data
-        ctrl[_P + 1] = p.ctypes.data
-        ctrl[_P + 2] = bias.ctypes.data
-        ctrl[_P + 3] = out.ctypes.data
-        ctrl[_P + 4] = m
-        ctrl[_P + 5] = k
-        ctrl[_P + 6] = out.shape[1]
-        ctrl[_P + 7] = p.shape[0]
-        ctrl[_P + 8] = act
-        ctrl[_P + 9] = row_block
-        ctrl[_P + 10] = size
+    def _run_job(ctrl, kind, items, chunks):  # pragma: no cover - compiled
+        # post the job (its parameters already in place, then the control
+        # word), claim chunks with the team, wait for the claimed ones;
+        # returns the chunks this thread ran
+        size = (items + chunks - 1) // chunks
+        chunks = (items + size - 1) // size
+        ctrl[_KIND] = kind
+        ctrl[_ITEMS] = items
+        ctrl[_SIZE] = size
         ctrl[_DONE] = 0
         job = (_load_acq(ctrl, _WORD) >> 32) + 1
         _store_rel(ctrl, _WORD, (job << 32) | (chunks << 16))
@@ -194,7 +185,7 @@ if AVAILABLE:
             c = old & 0xFFFF
             if c >= chunks:
                 break
-            _run_gemm_chunk(ctrl, c)
+            _run_chunk(ctrl, c)
             mine += 1
         spins = 0
         while _load_acq(ctrl, _DONE) < chunks - mine:
@@ -202,6 +193,80 @@ if AVAILABLE:
             spins += 1
         # chunk indices past ``chunks`` stay claimed-out: idle partners see no work
         return mine
+
+    @njit(nogil=True, cache=True)
+    def _split_gemm(ctrl, a, p, bias, out, act, row_block, chunks):  # pragma: no cover
+        m, k = a.shape
+        q = _P
+        ctrl[q + 0] = a.ctypes.data
+        ctrl[q + 1] = p.ctypes.data
+        ctrl[q + 2] = bias.ctypes.data
+        ctrl[q + 3] = out.ctypes.data
+        ctrl[q + 4] = m
+        ctrl[q + 5] = k
+        ctrl[q + 6] = out.shape[1]
+        ctrl[q + 7] = p.shape[0]
+        ctrl[q + 8] = act
+        ctrl[q + 9] = row_block
+        return _run_job(ctrl, _GEMM, p.shape[0], chunks)
+
+    @njit(nogil=True, cache=True)
+    def _split_ln(ctrl, x, skip, bias, gamma, beta, eps, y, s, mean, inv, flags,
+                  chunks):  # pragma: no cover - compiled
+        q = _P
+        ctrl[q + 0] = x.ctypes.data
+        ctrl[q + 1] = skip.ctypes.data
+        ctrl[q + 2] = bias.ctypes.data
+        ctrl[q + 3] = gamma.ctypes.data
+        ctrl[q + 4] = beta.ctypes.data
+        ctrl[q + 5] = y.ctypes.data
+        ctrl[q + 6] = s.ctypes.data
+        ctrl[q + 7] = mean.ctypes.data
+        ctrl[q + 8] = inv.ctypes.data
+        ctrl[q + 9] = x.shape[0]
+        ctrl[q + 10] = x.shape[1]
+        ctrl[q + 11] = flags
+        ctrl[q + 12] = _bits_of_f64(eps)
+        ctrl[q + 13] = skip.shape[0]
+        ctrl[q + 14] = skip.shape[1]
+        ctrl[q + 15] = bias.shape[0]
+        ctrl[q + 16] = beta.shape[0]
+        ctrl[q + 17] = s.shape[0]
+        ctrl[q + 18] = s.shape[1]
+        return _run_job(ctrl, _LN, x.shape[0], chunks)
+
+    @njit(nogil=True, cache=True)
+    def _split_softmax(ctrl, s, scale, mask, mrows, masked, chunks):  # pragma: no cover
+        q = _P
+        ctrl[q + 0] = s.ctypes.data
+        ctrl[q + 1] = s.shape[0]
+        ctrl[q + 2] = s.shape[1]
+        ctrl[q + 3] = mask.ctypes.data
+        ctrl[q + 4] = mrows
+        ctrl[q + 5] = _bits_of_f64(np.float64(scale))
+        ctrl[q + 6] = 1 if masked else 0
+        ctrl[q + 7] = mask.shape[1]
+        return _run_job(ctrl, _SOFTMAX, s.shape[0], chunks)
+
+    @njit(nogil=True, cache=True)
+    def _split_bmm(ctrl, a, b0, s0, s1, s2, extent, bshape, out, row_block,
+                   chunks):  # pragma: no cover - compiled
+        # b0: the first element of b (a 1-D view), its byte strides s0..s2
+        bt, m, k = a.shape
+        q = _P
+        ctrl[q + 0] = a.ctypes.data
+        ctrl[q + 1] = b0.ctypes.data
+        ctrl[q + 2] = out.ctypes.data
+        ctrl[q + 3] = bt
+        ctrl[q + 4] = m
+        ctrl[q + 5] = k
+        ctrl[q + 6] = bshape
+        ctrl[q + 7] = s0
+        ctrl[q + 8] = s1
+        ctrl[q + 9] = s2
+        ctrl[q + 10] = extent
+        ctrl[q + 11] = row_block
+        return _run_job(ctrl, _BMM, bt, chunks)
 
 
 class _Team:
@@ -284,6 +349,37 @@ def gemm_panels(t: _Team, a2: np.ndarray, panels: np.ndarray, bias: np.ndarray,
     """``out2 = act(a2 @ B + bias)`` (the arguments of
     :func:`._sgemm_numba.gemm_panels_range`, whole panel range) in ``chunks``
     panel ranges over the caller and team ``t``. Arrays C-contiguous float32."""
-    npan = panels.shape[0]
-    size = -(-npan // chunks)
-    _split_gemm(t.ctrl, a2, panels, bias, out2, act, row_block, -(-npan // size), size)
+    _split_gemm(t.ctrl, a2, panels, bias, out2, act, row_block, chunks)
+
+
+def bmm_entries(t: _Team, a3: np.ndarray, b3: np.ndarray, out3: np.ndarray, row_block: int,
+                chunks: int) -> bool:
+    """``out3[i] = a3[i] @ b3[i]`` (:func:`._sgemm_numba.bmm_entries`' operands:
+    ``a3`` ``(Bt, M, K)`` and ``out3`` ``(Bt, M, N)`` C-contiguous float32,
+    ``b3`` ``(Bt, K, N)`` float32 of any non-negative strides) in ``chunks``
+    entry ranges over the caller and team ``t``. False (nothing done) for
+    ``b3`` strides that are negative or not whole elements."""
+    st = b3.strides
+    if any(x < 0 or x % 4 for x in st) or b3.size == 0:
+        return False
+    extent = 1 + sum((d - 1) * (x // 4) for d, x in zip(b3.shape, st))
+    flat = np.lib.stride_tricks.as_strided(b3, shape=(extent,), strides=(4,))
+    _split_bmm(t.ctrl, a3, flat, st[0], st[1], st[2], extent, b3.shape[2], out3, row_block,
+               chunks)
+    return True
+
+
+def layer_norm_rows(t: _Team, x2, skip, bias, gamma, beta, eps: float, y, s, mean, inv,
+                    flags: int, chunks: int) -> None:
+    """:func:`._layernorm_numba.rows_range` over every row of ``x2`` (its
+    operands: C-contiguous float32, ``eps`` float) in ``chunks`` row ranges
+    over the caller and team ``t``."""
+    _split_ln(t.ctrl, x2, skip, bias, gamma, beta, float(eps), y, s, mean, inv, flags, chunks)
+
+
+def softmax_rows(t: _Team, s2, scale, mask2, mrows: int, masked: bool, chunks: int) -> None:
+    """:func:`._softmax_numba.rows_range` over every row of ``s2`` (its
+    operands: C-contiguous float32 ``s2`` ``(R, T)`` and ``mask2``
+    ``(mrows, T)`` or a ``(1, 1)`` placeholder, ``scale`` float32) in
+    ``chunks`` row ranges over the caller and team ``t``."""
+    _split_softmax(t.ctrl, s2, scale, mask2, mrows, masked, chunks)

@@ -274,15 +274,16 @@ if HAVE_SGEMM:
 
 
     @njit(nogil=True, cache=True)
-    def _bmm(a, b, out, row_block):  # pragma: no cover - compiled
-        # out[i] = a[i] @ b[i]: a (Bt, M, K) C-contiguous, b (Bt, K, N) any
-        # strides (packed here per batch entry), out (Bt, M, N) C-contiguous
-        bt, m, k = a.shape
+    def bmm_entries(a, b, out, row_block, i0, i1):  # pragma: no cover - compiled
+        """out[i] = a[i] @ b[i] for batch entries i0 .. i1 - 1: a (Bt, M, K)
+        C-contiguous float32, b (Bt, K, N) float32 any strides (packed here
+        per entry), out (Bt, M, N) C-contiguous float32."""
+        k = a.shape[2]
         n = b.shape[2]
         npan = (n + NR - 1) // NR
         p = np.zeros((npan, k, NR), np.float32)  # pad columns stay zero
         bias = np.zeros(npan * NR, np.float32)
-        for i in range(bt):
+        for i in range(i0, i1):
             bi = b[i]
             for j in range(npan):
                 c0 = j * NR
@@ -292,12 +293,21 @@ if HAVE_SGEMM:
                         p[j, kk, c] = bi[kk, c0 + c]
             gemm_panels_range(a[i], p, bias, out[i], 0, npan, 0, row_block)
 
+    @njit(nogil=True, cache=True)
+    def _bmm(a, b, out, row_block):  # pragma: no cover - compiled
+        # every batch entry (bmm_entries)
+        bmm_entries(a, b, out, row_block, 0, a.shape[0])
 
-def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+
+def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+        threads: int = 1) -> np.ndarray | None:
     """``np.matmul(a, b)`` for float32 ``a`` ``(..., M, K)`` and ``b``
     ``(..., K, N)`` of the same batch shape (any strides: ``b`` is packed per
     batch entry inside the compiled call, ``a`` made contiguous): a fresh
-    float32 array ``(..., M, N)``, every batch entry on the calling thread.
+    float32 array ``(..., M, N)``, every batch entry on the calling thread;
+    with ``threads`` > 1, several entries and at least
+    :data:`PARTNER_MIN_FLOPS`, the entries split over the caller and its
+    compiled partner threads (:func:`._partner.bmm_entries`).
     None when it does not apply (no kernel, fewer than :data:`BMM_MIN_ROWS`
     rows, other dtypes or ranks, batch
     shapes that differ or broadcast, an empty dim, an ``out`` that is not a
@@ -318,7 +328,14 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
     elif out.shape != lead + (m, n) or out.dtype != np.float32 or \
             not out.flags.c_contiguous or not out.flags.writeable:
         return None
-    _bmm(a3, b3, out.reshape(bt, m, n), max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8))
+    rb = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
+    out3 = out.reshape(bt, m, n)
+    if threads > 1 and bt > 1 and USE_PARTNERS and 2 * bt * m * n * k >= PARTNER_MIN_FLOPS:
+        from . import _partner
+        team = _partner.team(threads)
+        if team is not None and _partner.bmm_entries(team, a3, b3, out3, rb, min(bt, 2 * threads)):
+            return out
+    _bmm(a3, b3, out3, rb)
     return out
 
 

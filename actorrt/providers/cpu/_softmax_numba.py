@@ -29,7 +29,13 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "softmax_rows_f32"]
+__all__ = ["HAVE_NUMBA", "softmax_rows_f32", "rows_range", "PARTNER_MIN_ELEMENTS", "USE_PARTNERS"]
+
+#: with more than one intra-op thread the rows split over the compiled
+#: partner threads (:mod:`._partner`) from this many values
+PARTNER_MIN_ELEMENTS = 1 << 14
+#: split through the compiled partners where they exist (False: one thread)
+USE_PARTNERS = True
 
 try:
     from numba import njit
@@ -62,11 +68,12 @@ if HAVE_NUMBA:
             row[j] = row[j] / s
 
     @njit(fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy")
-    def _rows(s, scale, mask, mrows, masked):  # pragma: no cover - compiled
-        # s (R, T) C-contiguous float32, in place; row r adds mask row
-        # r % mrows of the C-contiguous (mrows, T) mask when ``masked``
-        r_n, t_n = s.shape
-        for r in range(r_n):
+    def rows_range(s, scale, mask, mrows, masked, r0, r1):  # pragma: no cover - compiled
+        """Rows ``r0 .. r1 - 1`` of ``s`` (R, T) C-contiguous float32, in
+        place: row r adds mask row r % mrows of the C-contiguous (mrows, T)
+        float32 mask when ``masked``, times float32 ``scale`` first."""
+        t_n = s.shape[1]
+        for r in range(r0, r1):
             row = s[r]
             if masked:
                 mr = mask[r % mrows]
@@ -95,16 +102,36 @@ if HAVE_NUMBA:
             for j in range(t_n):
                 row[j] = row[j] * inv
 
+    @njit(nogil=True, cache=True)
+    def _rows(s, scale, mask, mrows, masked):  # pragma: no cover - compiled
+        # every row of s (rows_range)
+        rows_range(s, scale, mask, mrows, masked, 0, s.shape[0])
+
 _ZERO = np.zeros((1, 1), np.float32)
 
 
-def softmax_rows_f32(s: np.ndarray, scale: float = 1.0, mask: np.ndarray | None = None) -> bool:
+def _run(s2: np.ndarray, scale, m2: np.ndarray, mrows: int, masked: bool, threads: int) -> None:
+    rows = s2.shape[0]
+    if threads > 1 and USE_PARTNERS and rows >= 2 and s2.size >= PARTNER_MIN_ELEMENTS:
+        from . import _partner
+        team = _partner.team(threads)
+        if team is not None:  # row ranges over the compiled partner threads
+            _partner.softmax_rows(team, s2, scale, m2, mrows, masked, min(rows, 2 * threads))
+            return
+    _rows(s2, scale, m2, mrows, masked)
+
+
+def softmax_rows_f32(s: np.ndarray, scale: float = 1.0, mask: np.ndarray | None = None,
+                     threads: int = 1) -> bool:
     """``s = softmax(s * scale + mask)`` over the last axis, in place.
 
     ``s``: C-contiguous, writeable float32 of any rank >= 1 (rows: every axis
     but the last). ``mask``: float32 broadcasting against ``s`` (numpy rules,
-    not enlarging it) or None. Returns False, ``s`` untouched, when numba is
-    missing or an operand does not qualify (then the caller runs numpy)."""
+    not enlarging it) or None. ``threads``: intra-op threads; with more than
+    one and at least :data:`PARTNER_MIN_ELEMENTS` values the rows split over
+    the compiled partner threads (:mod:`._partner`; the same bits as one
+    thread). Returns False, ``s`` untouched, when numba is missing or an
+    operand does not qualify (then the caller runs numpy)."""
     if not HAVE_NUMBA or s.dtype != np.float32 or not s.flags.c_contiguous or \
             not s.flags.writeable or s.ndim < 1 or s.size == 0:
         return False
@@ -112,7 +139,7 @@ def softmax_rows_f32(s: np.ndarray, scale: float = 1.0, mask: np.ndarray | None 
     rows = s.size // t
     s2 = s.reshape(rows, t)
     if mask is None:
-        _rows(s2, np.float32(scale), _ZERO, 1, False)
+        _run(s2, np.float32(scale), _ZERO, 1, False, threads)
         return True
     if mask.dtype != np.float32 or mask.ndim > s.ndim:
         return False
@@ -128,5 +155,5 @@ def softmax_rows_f32(s: np.ndarray, scale: float = 1.0, mask: np.ndarray | None 
         except ValueError:  # enlarges s, or does not broadcast
             return False
         m2 = np.ascontiguousarray(full).reshape(rows, t)
-    _rows(s2, np.float32(scale), m2, m2.shape[0], True)
+    _run(s2, np.float32(scale), m2, m2.shape[0], True, threads)
     return True

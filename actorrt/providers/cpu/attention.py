@@ -205,15 +205,22 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
     ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
     The scores are scaled, masked and normalized in place. At more than one
-    intra-op thread, products of at least ``_matmul_split.PARALLEL_MIN_FLOPS``
-    run as blocks of the largest batch axis (heads), each block's whole
-    attention on one thread with one-thread BLAS."""
+    intra-op thread, with the compiled partner threads (:mod:`._partner`)
+    and float32 operands of one batch shape, each of the three passes (the
+    two batched products, the softmax rows) splits over the caller and its
+    partners (batch entries, rows; no Python hand-off); otherwise products
+    of at least ``_matmul_split.PARALLEL_MIN_FLOPS`` run as blocks of the
+    largest batch axis (heads), each block's whole attention on one thread
+    with one-thread BLAS."""
     from . import _matmul_split, _threads
     threads = _threads.current()
     if threads <= 1 or q.ndim < 3 or k.ndim < 2 or v.ndim < 2 or \
             (mask is not None and mask.ndim > max(q.ndim, k.ndim, v.ndim)):
         return _sdpa(q, k, v, mask, scale)
     sq, d, t, dv = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
+    if _partner_split(q, k, v):
+        with _threads.serial_blas():
+            return _sdpa(q, k, v, mask, scale, threads=threads)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
                                 mask.shape[:-2] if mask is not None and mask.ndim > 2 else ())
     count = int(np.prod(batch)) if batch else 1
@@ -236,20 +243,39 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     return out
 
 
-def _bmm(a, b, out=None):
+def _partner_split(q, k, v) -> bool:
+    """Whether :func:`_sdpa` splits its passes over the compiled partner
+    threads: float32 operands of one batch shape (several entries) whose
+    products the compiled batched GEMM takes (:func:`._sgemm_numba.bmm`)."""
+    if q.dtype != np.float32 or k.dtype != np.float32 or v.dtype != np.float32 or \
+            not (q.ndim == k.ndim == v.ndim >= 3) or \
+            not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or q.size == 0 or k.size == 0:
+        return False
+    from . import _matmul_split
+    sg = _matmul_split._sgemm()
+    if sg is None or not sg.USE_PARTNERS or q.shape[-2] < sg.BMM_MIN_ROWS or \
+            int(np.prod(q.shape[:-2])) < 2:
+        return False
+    from . import _partner
+    return _partner.AVAILABLE
+
+
+def _bmm(a, b, out=None, threads=1):
     """``np.matmul(a, b, out=out)``; float32 batches of equal batch shape by
-    the compiled GEMM (:func:`._sgemm_numba.bmm`) where it applies."""
+    the compiled GEMM (:func:`._sgemm_numba.bmm`, split over ``threads``)
+    where it applies."""
     from ._matmul_split import batched_f32
-    y = batched_f32(a, b, out)
+    y = batched_f32(a, b, out, threads)
     return y if y is not None else np.matmul(a, b, out=out)
 
 
-def _sdpa(q, k, v, mask, scale, out=None):
+def _sdpa(q, k, v, mask, scale, out=None, threads=1):
     from . import _softmax_numba  # numba loads on first use, not at import
-    s = _bmm(q, k)
+    s = _bmm(q, k, threads=threads)
     if s.dtype == np.float32 and (mask is None or mask.dtype == np.float32) and \
-            _softmax_numba.softmax_rows_f32(s, scale, mask):
-        return _bmm(s, v, out=out)  # scaled, masked, normalized in one compiled pass
+            _softmax_numba.softmax_rows_f32(s, scale, mask, threads):
+        # scaled, masked, normalized in one compiled pass
+        return _bmm(s, v, out=out, threads=threads)
     if scale != 1.0:
         s *= s.dtype.type(scale)
     if mask is not None:

@@ -1,7 +1,8 @@
 """ScaledDotAttention (the optimizer's MatMul-scale-mask-Softmax-MatMul
 fusion) against onnxruntime on the unfused graph: one query row (a decode
 step) and many, odd sizes, masks of every broadcast shape, a transposed
-(strided) key as GPT-2 exports it; at 1 thread and split by heads at 2.
+(strided) key as GPT-2 exports it; at 1 thread, and at 2 split by heads on
+the chunk loop or pass by pass over the compiled partner threads.
 
 (A compiled scale-mask-softmax pass was measured 1.5-1.7x slower than
 numpy's vectorized exp on 64K scores and was not kept.)"""
@@ -54,14 +55,26 @@ def _attention_model(qs, ks, vs, mask_shape, scale_op, k_perm):
     (3, 2, 4, 6, 8, (3, 2, 4, 6), None),
 ])
 @pytest.mark.parametrize("strided_k", [False, True])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, threads, monkeypatch):
-    if threads == 2:  # every product split by heads, whatever its size
+@pytest.mark.parametrize("threads,split", [(1, ""), (2, "chunks"), (2, "partners")])
+def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, threads, split,
+                                      monkeypatch):
+    from actorrt.providers.cpu import _partner, _sgemm_numba as sg
+    partners = split == "partners" and _partner.AVAILABLE and sg.ENABLED
+    if split == "partners" and not partners:
+        pytest.skip("no compiled partner threads here")
+    if threads == 2:  # every product split (by heads, or each pass over the partners)
         from actorrt.providers.cpu import _matmul_split
-        from actorrt.providers.cpu import _parallel
+        from actorrt.providers.cpu import _parallel, _softmax_numba
         monkeypatch.setattr(_matmul_split, "PARALLEL_MIN_FLOPS", 0)
+        monkeypatch.setattr(sg, "USE_PARTNERS", partners)
+        monkeypatch.setattr(sg, "PARTNER_MIN_FLOPS", 0)
+        monkeypatch.setattr(_softmax_numba, "PARTNER_MIN_ELEMENTS", 0)
         real, seen = _parallel.run_chunks, []
         monkeypatch.setattr(_parallel, "run_chunks", lambda fn, n, th: (seen.append(n), real(fn, n, th)))
+        real_b, real_s, seen_p = _partner.bmm_entries, _partner.softmax_rows, []
+        monkeypatch.setattr(_partner, "bmm_entries", lambda *a: (seen_p.append("bmm"), real_b(*a))[1])
+        monkeypatch.setattr(_partner, "softmax_rows",
+                            lambda *a: (seen_p.append("softmax"), real_s(*a))[1])
     q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
     v = RNG.standard_normal((b, h, t, d + 1)).astype(np.float32)
     if strided_k:  # keys as (b, h, t, d), transposed by the graph as GPT-2 exports do
@@ -84,4 +97,7 @@ def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, 
         assert "ScaledDotAttention" in [st.node.op_type for st in sess.session.plan.steps]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     if threads == 2 and b * h > 1:
-        assert seen
+        if partners and s >= sg.BMM_MIN_ROWS:  # the three passes over the partners
+            assert seen_p == ["bmm", "softmax", "bmm"] and not seen
+        else:
+            assert seen and not seen_p

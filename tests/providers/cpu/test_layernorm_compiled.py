@@ -76,14 +76,21 @@ def test_compiled_function_declines_what_it_does_not_take():
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows,d", [(96, 1024), (97, 769), (3, 40000)])
+@pytest.mark.parametrize("rows,d", [(96, 1024), (97, 769), (3, 40000), (5, 3300)])
 @pytest.mark.parametrize("skip,bias,beta", [(False, False, True), (True, True, True), (True, False, False)])
-def test_row_blocks_on_two_threads_equal_one_thread_and_numpy(rows, d, skip, bias, beta, monkeypatch):
-    """Above PARALLEL_MIN_ELEMENTS at 2 intra-op threads the rows run as
-    blocks on the chunk loop (odd row counts: a short last block)."""
+@pytest.mark.parametrize("split", ["partners", "chunks"])
+def test_row_blocks_on_two_threads_equal_one_thread_and_numpy(rows, d, skip, bias, beta, split,
+                                                              monkeypatch):
+    """At 2 intra-op threads the rows run as ranges over the compiled partner
+    threads (from PARTNER_MIN_ELEMENTS), or without them as blocks on the
+    chunk loop (from PARALLEL_MIN_ELEMENTS; odd row counts: a short last
+    block): the same bits as one thread."""
     if not ln.HAVE_NUMBA:
         pytest.skip("numba not installed")
-    from actorrt.providers.cpu import _parallel, _threads
+    from actorrt.providers.cpu import _parallel, _partner, _threads
+    if split == "partners" and not _partner.AVAILABLE:
+        pytest.skip("no compiled partner threads here")
+    monkeypatch.setattr(ln, "USE_PARTNERS", split == "partners")
     x, g = _f((rows, d)), _f((d,), 1.0)
     sk = _f((rows, d)) if skip else None
     bi = _f((d,), 1.0) if bias else None
@@ -92,9 +99,15 @@ def test_row_blocks_on_two_threads_equal_one_thread_and_numpy(rows, d, skip, bia
     one = ln.layer_norm(x, g, be, 1e-5, skip=sk, bias=bi, keep_sum=True)
     real, seen = _parallel.run_chunks, []
     monkeypatch.setattr(_parallel, "run_chunks", lambda fn, n, th: (seen.append(n), real(fn, n, th)))
+    real_p, seen_p = _partner.layer_norm_rows, []
+    monkeypatch.setattr(_partner, "layer_norm_rows",
+                        lambda *a: (seen_p.append(a[-1]), real_p(*a))[1])
     monkeypatch.setattr(_threads, "current", lambda: 2)
     two = ln.layer_norm(x, g, be, 1e-5, skip=sk, bias=bi, keep_sum=True)
-    assert seen == [2]
+    if split == "partners":
+        assert seen_p == [min(rows, 4)] and not seen
+    else:
+        assert seen == ([2] if rows * d >= ln.PARALLEL_MIN_ELEMENTS else []) and not seen_p
     s64 = x.astype(np.float64) + (sk if skip else 0) + (bi if bias else 0)
     mu = s64.mean(-1, keepdims=True)
     want = (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + (be if beta else 0)

@@ -110,3 +110,110 @@ def test_team_stops_when_its_thread_ends(forced):
     w.join()
     teams[0].threads[0].join(5)
     assert not teams[0].threads[0].is_alive()
+
+
+# ---------------------------------------------------------------- the other job kinds
+from actorrt.providers.cpu import _layernorm_numba as ln, _softmax_numba as sm  # noqa: E402
+
+
+@pytest.mark.parametrize("bt,m,k,n", [(16, 128, 64, 128), (3, 30, 17, 33), (5, 24, 1, 65),
+                                      (2, 97, 129, 31)])
+@pytest.mark.parametrize("chunks", [2, 4, 7])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bmm_entries_equal_numpy_float64_and_one_thread(bt, m, k, n, chunks, transposed):
+    a = RNG.standard_normal((bt, m, k)).astype(np.float32)
+    if transposed:  # attention's key as the graph transposes it: a strided view
+        b = RNG.standard_normal((bt, n, k)).astype(np.float32).transpose(0, 2, 1)
+    else:
+        b = RNG.standard_normal((bt, k, n)).astype(np.float32)
+    one, two = np.empty((bt, m, n), np.float32), np.empty((bt, m, n), np.float32)
+    sg._bmm(a, b, one, 64)
+    assert _partner.bmm_entries(_partner.team(2), a, b, two, 64, chunks)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(two, a.astype(np.float64) @ b.astype(np.float64), rtol=2e-5, atol=2e-5)
+
+
+def test_bmm_entries_decline_negative_strides():
+    a = RNG.standard_normal((3, 30, 8)).astype(np.float32)
+    b = RNG.standard_normal((3, 8, 40)).astype(np.float32)[:, ::-1]
+    out = np.empty((3, 30, 40), np.float32)
+    assert not _partner.bmm_entries(_partner.team(2), a, b, out, 64, 2)
+
+
+def test_bmm_split_through_the_public_entry(forced):
+    a = RNG.standard_normal((2, 3, 40, 17)).astype(np.float32)
+    b = RNG.standard_normal((2, 3, 17, 23)).astype(np.float32)
+    got = sg.bmm(a, b, threads=2)
+    np.testing.assert_array_equal(got, sg.bmm(a, b, threads=1))
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("rows,d", [(513, 257), (3, 7000), (2, 1), (64, 256)])
+@pytest.mark.parametrize("flags", [0, 1, 3, 4, 7])
+def test_layer_norm_rows_equal_one_thread_and_float64(rows, d, flags):
+    x = (RNG.standard_normal((rows, d)) * 2 + 0.5).astype(np.float32)
+    g, b, bi = (RNG.standard_normal(d).astype(np.float32) for _ in range(3))
+    sk = RNG.standard_normal((rows, d)).astype(np.float32)
+    none2, none1 = np.zeros((1, 1), np.float32), np.zeros(1, np.float32)
+    skp = sk if flags & 1 else none2
+    bia = bi if flags & 2 else none1
+    bet = b if flags & 4 else none1
+    res = []
+    for split in (False, True):
+        y = np.empty((rows, d), np.float32)
+        s = np.empty((rows, d), np.float32) if flags & 3 else skp
+        mean, inv = np.empty(rows, np.float32), np.empty(rows, np.float32)
+        if split:
+            _partner.layer_norm_rows(_partner.team(2), x, skp, bia, g, bet, 1e-5, y, s, mean, inv,
+                                     flags, min(rows, 4))
+        else:
+            ln._rows_serial(x, skp, bia, g, bet, 1e-5, y, s, mean, inv, flags)
+        res.append((y, s, mean, inv))
+    for u, w in zip(*res):
+        np.testing.assert_array_equal(u, w)
+    s64 = x.astype(np.float64) + (sk if flags & 1 else 0) + (bi if flags & 2 else 0)
+    mu = s64.mean(-1, keepdims=True)
+    want = (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + \
+        (b if flags & 4 else 0)
+    np.testing.assert_allclose(res[1][0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows,t,mrows", [(513, 130, 1), (512, 128, 128), (7, 9, 7), (2, 1, 1)])
+@pytest.mark.parametrize("chunks", [2, 5])
+def test_softmax_rows_equal_one_thread_and_float64(rows, t, mrows, chunks):
+    s0 = (RNG.standard_normal((rows, t)) * 4).astype(np.float32)
+    mask = np.where(RNG.random((mrows, t)) < 0.2, -1e4, 0).astype(np.float32)
+    one, two = s0.copy(), s0.copy()
+    sm._rows(one, np.float32(0.125), mask, mrows, True)
+    _partner.softmax_rows(_partner.team(2), two, np.float32(0.125), mask, mrows, True, chunks)
+    np.testing.assert_array_equal(one, two)
+    x = s0.astype(np.float64) * 0.125 + np.tile(mask, (rows // mrows + 1, 1))[:rows]
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(two, e / e.sum(-1, keepdims=True), rtol=2e-6, atol=1e-7)
+
+
+def test_other_kinds_run_on_the_caller_when_partners_have_stopped():
+    t = _partner._Team(1)
+    t.stop()
+    t.threads[0].join(5)
+    x = RNG.standard_normal((9, 100)).astype(np.float32)
+    want = x.copy()
+    sm._rows(want, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False)
+    _partner.softmax_rows(t, x, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False, 4)
+    np.testing.assert_array_equal(x, want)
+
+
+def test_kinds_interleave_on_one_team(forced):
+    # a GEMM, a softmax and a LayerNorm posted one after the other to one
+    # team (the partners spinning between them): every result right
+    a, b, bias = _case(37, 64, 96)
+    p = sg.PackedB(b)
+    t = _partner.team(2)
+    for _ in range(30):
+        y = sg.gemm(a, p, bias, "", 2)
+        np.testing.assert_allclose(y, _ref(a, b, bias, ""), rtol=2e-5, atol=2e-5)
+        s = y.copy()
+        one = y.copy()
+        sm._rows(one, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False)
+        _partner.softmax_rows(t, s, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False, 4)
+        np.testing.assert_array_equal(s, one)

@@ -137,3 +137,22 @@ def test_fused_attention_model_equals_onnxruntime(threads):
         assert "ScaledDotAttention" in [st.node.op_type for st in s.session.plan.steps]
         got = s.run(None, feeds)[0]
     np.testing.assert_allclose(got, _ort(m, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,mask_shape", [((1, 4, 128, 128), (1, 1, 1, 128)), ((3, 5, 7), None),
+                                              ((2, 3, 17, 33), (2, 1, 17, 33)),
+                                              ((2, 3, 5, 11), (3, 5, 11))])
+@pytest.mark.parametrize("use_partners", [True, False])
+def test_two_threads_equal_one_thread(shape, mask_shape, use_partners, monkeypatch):
+    """threads=2: rows over the compiled partner threads (or, switched off,
+    one thread): the same bits as threads=1, and the float64 reference."""
+    monkeypatch.setattr(_softmax_numba, "PARTNER_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_softmax_numba, "USE_PARTNERS", use_partners)
+    s = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    mask = None if mask_shape is None else \
+        np.where(RNG.random(mask_shape) < 0.2, -1e4, 0).astype(np.float32)
+    one, two = s.copy(), s.copy()
+    assert _softmax_numba.softmax_rows_f32(one, 0.125, mask, 1)
+    assert _softmax_numba.softmax_rows_f32(two, 0.125, mask, 2)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(two, _reference(s, 0.125, mask), rtol=2e-6, atol=1e-7)

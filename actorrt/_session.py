@@ -38,6 +38,11 @@ class SessionOptions:
         memory_limit: bytes each provider may hold (``None``: no limit); raises
             :class:`~actorrt.OutOfMemoryError` before allocating over it.
         parallel_execution: let independent heavy branches run concurrently.
+            Not where the CPU kernels already take the cores: a plan whose
+            providers are all the host CPU, with ``intra_op_num_threads`` set
+            to more than half the cores, runs its branches one after another
+            (each concurrent segment would run its kernels on that many
+            threads, oversubscribing the cores; see :func:`inter_op_parallel`).
         segment_threshold_us: branches estimated cheaper than this (µs) are not
             worth a separate segment.
         fold_constants: evaluate all-constant nodes once at load time.
@@ -744,6 +749,28 @@ def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
     return UnwrapGroups(_open_session(model, provs, options))
 
 
+def inter_op_parallel(options: SessionOptions, providers: Sequence[ExecutionProvider],
+                      cores: int | None = None) -> bool:
+    """Whether a session's plan may run independent branches concurrently:
+    ``options.parallel_execution``, except for a plan on host CPU providers
+    only whose ``intra_op_num_threads`` is set above half of ``cores``
+    (default ``os.cpu_count()``). There each concurrent segment would run its
+    kernels on ``intra_op_num_threads`` threads (and each calling thread gets
+    its own compiled partner team, :mod:`actorrt.providers.cpu._partner`), so
+    branches side by side oversubscribe the cores: measured on 2 cores at 2
+    threads, the BERT-style encoder's first-layer K/V branches cost the sync
+    API its one-thread fast path (:meth:`Session.run_blocking`) and CPU time
+    without wall gain; the genai engine turns branches off for the same
+    reason. ``None`` / ``0`` (every core, the default) keeps the option as
+    given."""
+    if not options.parallel_execution:
+        return False
+    n = options.intra_op_num_threads
+    if not n or any(p.name != "cpu" for p in providers):
+        return True
+    return 2 * n <= (cores or os.cpu_count() or 1)
+
+
 @asynccontextmanager
 async def _open_session(model: ModelLike, provs: list[ExecutionProvider],
                         options: SessionOptions) -> AsyncIterator[Session]:
@@ -754,7 +781,7 @@ async def _open_session(model: ModelLike, provs: list[ExecutionProvider],
     tracer = tracing.TraceCollector(level) if level != "off" else None
     loaded = await trio.to_thread.run_sync(load_model, model)
     plan_opts = PlanOptions(fold_constants=options.fold_constants,
-                            parallel=options.parallel_execution,
+                            parallel=inter_op_parallel(options, provs),
                             segment_threshold_us=options.segment_threshold_us, tracer=tracer,
                             track_memory=options.track_memory or options.memory_limit is not None,
                             fuse=options.fuse_kernels,

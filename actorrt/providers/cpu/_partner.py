@@ -29,7 +29,12 @@ Jobs (one kind a post, its items cut into ``chunks`` ranges):
 * :func:`layer_norm_rows`: rows of (Skip)LayerNormalization
   (:mod:`._layernorm_numba`);
 * :func:`softmax_rows`: rows of the scaled, masked softmax
-  (:mod:`._softmax_numba`).
+  (:mod:`._softmax_numba`);
+* :func:`run_items`: the public hook for any other compiled kernel: a
+  ``numba.cfunc`` of C signature ``void(int64 params, int64 i0, int64 i1)``
+  that runs items ``i0 .. i1 - 1`` of its work, reading its operands from the
+  address ``params`` (e.g. an int64 array of array addresses and sizes it
+  holds); called through its address from every thread of the team.
 
 Every row / entry gives the same bits whichever thread runs it, so a split
 result equals the one-thread result exactly. Available
@@ -51,8 +56,8 @@ from . import _layernorm_numba as _ln
 from . import _sgemm_numba as _sg
 from . import _softmax_numba as _sm
 
-__all__ = ["AVAILABLE", "IDLE_CYCLES", "bmm_entries", "gemm_panels", "layer_norm_rows",
-           "softmax_rows", "team"]
+__all__ = ["AVAILABLE", "IDLE_CYCLES", "bmm_entries", "call_items", "gemm_panels",
+           "layer_norm_rows", "run_items", "softmax_rows", "team"]
 
 #: cycle-counter ticks (TSC, 2.6 GHz here: ~77 us) a partner spins without a
 #: job before it parks (3,000,000 measured the same on/off ratios under load 4)
@@ -65,7 +70,7 @@ _WORD, _DONE, _KIND, _STOP, _ITEMS, _SIZE = 0, 1, 2, 3, 4, 5
 _P = 8  # job parameters from here
 _SLOTS = 40
 # job kinds
-_GEMM, _LN, _SOFTMAX, _BMM = 0, 1, 2, 3
+_GEMM, _LN, _SOFTMAX, _BMM, _FN = 0, 1, 2, 3, 4
 
 
 AVAILABLE = _sg.HAVE_SGEMM and _at.HAVE_YIELD
@@ -106,6 +111,16 @@ if AVAILABLE:
             return builder.bitcast(args[0], ir.IntType(64))
         return types.int64(types.float64), codegen
 
+    @intrinsic
+    def _call_fn(typingctx, addr, params, i0, i1):
+        """Call the C function ``void(int64, int64, int64)`` at ``addr``."""
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i64, i64])
+            builder.call(builder.inttoptr(args[0], fnty.as_pointer()), [args[1], args[2], args[3]])
+            return context.get_dummy_value()
+        return types.none(types.int64, types.int64, types.int64, types.int64), codegen
+
     @njit(nogil=True, cache=True, inline="always")
     def _f32s(addr, shape):  # pragma: no cover - compiled
         return carray(_f32_at(addr), shape)
@@ -136,6 +151,8 @@ if AVAILABLE:
             _sm.rows_range(_f32s(ctrl[q], (ctrl[q + 1], ctrl[q + 2])), np.float32(_f64_from_bits(ctrl[q + 5])),
                            _f32s(ctrl[q + 3], (ctrl[q + 4], ctrl[q + 7])), ctrl[q + 4],
                            ctrl[q + 6] != 0, i0, i1)
+        elif kind == _FN:
+            _call_fn(ctrl[q], ctrl[q + 1], i0, i1)
         else:  # _BMM
             bt, m, k, n = ctrl[q + 3], ctrl[q + 4], ctrl[q + 5], ctrl[q + 6]
             b = as_strided(_f32s(ctrl[q + 1], (ctrl[q + 10],)), shape=(bt, k, n),
@@ -269,6 +286,17 @@ if AVAILABLE:
         return _run_job(ctrl, _BMM, bt, chunks)
 
 
+    @njit(nogil=True, cache=True)
+    def _split_fn(ctrl, fn, params, items, chunks):  # pragma: no cover - compiled
+        ctrl[_P] = fn
+        ctrl[_P + 1] = params
+        return _run_job(ctrl, _FN, items, chunks)
+
+    @njit(nogil=True, cache=True)
+    def _call_items(fn, params, i0, i1):  # pragma: no cover - compiled
+        _call_fn(fn, params, i0, i1)
+
+
 class _Team:
     """The partner threads of one calling thread (module docstring). Only
     that thread posts jobs and wakes partners, so ``awake`` needs no lock: a
@@ -383,3 +411,27 @@ def softmax_rows(t: _Team, s2, scale, mask2, mrows: int, masked: bool, chunks: i
     ``(mrows, T)`` or a ``(1, 1)`` placeholder, ``scale`` float32) in
     ``chunks`` row ranges over the caller and team ``t``."""
     _split_softmax(t.ctrl, s2, scale, mask2, mrows, masked, chunks)
+
+
+def run_items(t: _Team, fn: int, params: int, items: int, chunks: int) -> None:
+    """Run the compiled kernel at address ``fn`` (``numba.cfunc`` signature
+    ``void(int64, int64, int64)``: ``fn(params, i0, i1)`` runs items ``i0 ..
+    i1 - 1``) over ``items`` items in ``chunks`` ranges on the caller and team
+    ``t`` (help-first, as every job). ``params`` is an address the function
+    reads its operands from; the caller keeps what it points to alive until
+    this returns. The function runs without the GIL on several threads at
+    once and must not raise (a ``cfunc`` cannot propagate an exception):
+    ranges of distinct items must write distinct memory.
+
+    Raises:
+        ValueError: ``chunks`` outside 1 .. 4096 or ``items`` negative."""
+    if not 1 <= chunks <= 4096 or items < 0:
+        raise ValueError(f"run_items: chunks {chunks} (1 .. 4096), items {items} (>= 0)")
+    if items:
+        _split_fn(t.ctrl, fn, params, items, min(chunks, items))
+
+
+def call_items(fn: int, params: int, i0: int, i1: int) -> None:
+    """``fn(params, i0, i1)`` on the calling thread (:func:`run_items`' kernel
+    without a team: one thread, or none available)."""
+    _call_items(fn, params, i0, i1)

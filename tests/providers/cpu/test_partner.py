@@ -217,3 +217,52 @@ def test_kinds_interleave_on_one_team(forced):
         sm._rows(one, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False)
         _partner.softmax_rows(t, s, np.float32(1.0), np.zeros((1, 1), np.float32), 1, False, 4)
         np.testing.assert_array_equal(s, one)
+
+
+# ---------------------------------------------------------------- the public hook
+if _partner.AVAILABLE:
+    from llvmlite import ir as _ir
+    from numba import carray, cfunc, types as nbt
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _ptr(typingctx, addr, like):
+        # the pointer to like's dtype at integer address addr
+        sig = nbt.CPointer(like.dtype)(nbt.int64, like)
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+        return sig, codegen
+
+    _I64 = np.zeros(1, np.int64)
+    _F64 = np.zeros(1, np.float64)
+
+    @cfunc(nbt.void(nbt.int64, nbt.int64, nbt.int64), nogil=True)
+    def _axpy_items(params, i0, i1):
+        # params -> int64 [x address, y address, n]; y[i] = 2 x[i] + 1 for i0 <= i < i1
+        p = carray(_ptr(params, _I64), (3,))
+        x = carray(_ptr(p[0], _F64), (p[2],))
+        y = carray(_ptr(p[1], _F64), (p[2],))
+        for i in range(i0, i1):
+            y[i] = 2.0 * x[i] + 1.0
+
+
+@pytest.mark.parametrize("n,chunks", [(1, 1), (7, 4), (1000, 3), (4097, 64)])
+def test_run_items_calls_a_compiled_kernel_over_every_item(n, chunks):
+    x = RNG.standard_normal(n)
+    y = np.full(n, np.nan)
+    params = np.array([x.ctypes.data, y.ctypes.data, n], np.int64)
+    _partner.run_items(_partner.team(2), _axpy_items.address, params.ctypes.data, n, chunks)
+    np.testing.assert_array_equal(y, 2 * x + 1)
+    z = np.full(n, np.nan)
+    params[1] = z.ctypes.data
+    _partner.call_items(_axpy_items.address, params.ctypes.data, 0, n)
+    np.testing.assert_array_equal(z, y)
+
+
+def test_run_items_checks_its_counts():
+    with pytest.raises(ValueError):
+        _partner.run_items(_partner.team(2), _axpy_items.address, 0, 5, 0)
+    with pytest.raises(ValueError):
+        _partner.run_items(_partner.team(2), _axpy_items.address, 0, -1, 2)
+    _partner.run_items(_partner.team(2), _axpy_items.address, 0, 0, 2)  # no items: no call

@@ -101,6 +101,8 @@ def _vector(p, d: int):
     """``p`` as a contiguous float32 vector of ``d`` values, or None."""
     if p is None or p.dtype != np.float32 or p.size != d:
         return None
+    if p.ndim == 1 and p.flags.c_contiguous:  # the usual constant: no new array object
+        return p
     return np.ascontiguousarray(p).reshape(d)
 
 

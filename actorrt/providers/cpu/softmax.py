@@ -20,9 +20,10 @@ from .registry import cpu_kernel
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     if x.dtype == np.float32 and (axis == x.ndim - 1 or axis == -1):
-        from . import _softmax_numba  # numba loads on first use, not at import
+        from . import _softmax_numba, _threads  # numba loads on first use, not at import
         out = np.array(x, order="C")  # the fresh output, normalized in place
-        if _softmax_numba.softmax_rows_f32(out):
+        # rows split over the compiled partners at 2+ threads (large enough)
+        if _softmax_numba.softmax_rows_f32(out, threads=_threads.current()):
             return out
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     e /= np.sum(e, axis=axis, keepdims=True)

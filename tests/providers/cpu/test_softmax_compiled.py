@@ -98,13 +98,15 @@ def _ort(model, feeds):
 
 @pytest.mark.parametrize("opset,axis,shape", [(13, -1, (3, 7, 129)), (13, 1, (3, 7, 5)),
                                               (11, 1, (3, 7, 5)), (13, -1, (1, 1))])
-def test_softmax_model_equals_onnxruntime(opset, axis, shape):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_softmax_model_equals_onnxruntime(opset, axis, shape, threads, monkeypatch):
+    monkeypatch.setattr(_softmax_numba, "PARTNER_MIN_ELEMENTS", 0)  # split whatever the size
     g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], "t",
                           [helper.make_tensor_value_info("x", TP.FLOAT, list(shape))],
                           [helper.make_tensor_value_info("y", TP.FLOAT, None)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
     x = (RNG.standard_normal(shape) * 5).astype(np.float32)
-    with actorrt.InferenceSession(m) as s:
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
         got = s.run(None, {"x": x})[0]
     np.testing.assert_allclose(got, _ort(m, {"x": x}), rtol=2e-6, atol=1e-7)
 

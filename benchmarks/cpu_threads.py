@@ -8,8 +8,8 @@ Each (round, tree, thread count) runs in a child process with that tree
 first on ``sys.path`` (``PYTHONPATH``) and the BLAS / numba / OpenMP pools
 sized before numpy loads (as :mod:`bench_models`); the rounds interleave the
 trees, in alternating order (the first child of a round measured up to 30 %
-faster wall time on the loaded machine, so a fixed order biases the ratio). Per model the child runs one actorrt session (``intra_op_num_threads``)
-for about ``--budget`` seconds and reports, per run: wall ms, process CPU ms
+faster wall time on the loaded machine, so a fixed order biases the ratio).
+Per model the child runs one actorrt session (``intra_op_num_threads``) for about ``--budget`` seconds and reports, per run: wall ms, process CPU ms
 (every thread), and the CPU ms of each thread group: ``main`` (the calling
 thread), the session's worker thread(s), the compiled partner threads
 (``actorrt-cpu-partner-*``), the chunk-loop helpers (``actorrt-cpu-helper-*``)

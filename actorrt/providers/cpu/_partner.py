@@ -148,7 +148,8 @@ if AVAILABLE:
                            _f32s(ctrl[q + 7], (rows,)), _f32s(ctrl[q + 8], (rows,)),
                            ctrl[q + 11], i0, i1)
         elif kind == _SOFTMAX:
-            _sm.rows_range(_f32s(ctrl[q], (ctrl[q + 1], ctrl[q + 2])), np.float32(_f64_from_bits(ctrl[q + 5])),
+            _sm.rows_range(_f32s(ctrl[q], (ctrl[q + 1], ctrl[q + 2])),
+                           np.float32(_f64_from_bits(ctrl[q + 5])),
                            _f32s(ctrl[q + 3], (ctrl[q + 4], ctrl[q + 7])), ctrl[q + 4],
                            ctrl[q + 6] != 0, i0, i1)
         elif kind == _FN:

@@ -80,14 +80,21 @@ def _sum_taps(xp, kernel, out, strides, dil, fn=None):
 #: window counts; 6-13x faster than :mod:`._pool_numba`'s per-element loop on
 #: the inception / densenet pools (round 8). Off: that loop.
 AVG_DEPTHWISE = True
+#: ... for output planes of at least this many pixels: the depthwise kernel's
+#: per-plane cost (row copies into its padded plane, the tile setup) lost on
+#: small ones (bench_pool_layers, CPU time: 7x7 -> 1x1 343 vs 172 us, 14x14 2x2/2
+#: -> 7x7 251 vs 185; 14x14 3x3 -> 14x14 230 vs 552, 56x56 2x2/2 291 vs 323)
+AVG_DEPTHWISE_MIN_PIXELS = 64
 _ONES: dict = {}
 
 
 def _avg_depthwise(x, kernel, strides, dil, pb, out, count_h, count_w):
     """``AveragePool`` of 4-D float ``x`` by the depthwise kernel, or None
-    where that kernel is not there (numba missing, no vector tiles)."""
+    where that kernel is not there (numba missing, no vector tiles) or the
+    output plane is under :data:`AVG_DEPTHWISE_MIN_PIXELS`."""
     from . import _conv_numba as cn, _conv_util as cu
-    if not (cn.HAVE_NUMBA and cu.COMPILED and cn.DW_TILE):
+    if not (cn.HAVE_NUMBA and cu.COMPILED and cn.DW_TILE) or \
+            out[0] * out[1] < AVG_DEPTHWISE_MIN_PIXELS:
         return None
     key = (x.shape[1], tuple(kernel), x.dtype)
     w = _ONES.get(key)

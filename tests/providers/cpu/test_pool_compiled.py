@@ -145,6 +145,16 @@ def test_averagepool(shape, attrs, count_include_pad, compiled, monkeypatch):
     assert used == compiled
 
 
+def test_averagepool_small_planes_keep_the_compiled_loop(monkeypatch):
+    """Output planes under AVG_DEPTHWISE_MIN_PIXELS stay on the per-element loop."""
+    if not _pool_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    x = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
+    got, want, used = _run("AveragePool", x, {"kernel_shape": [7, 7]}, True, monkeypatch, avg_dw=True)
+    assert not used
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 @pytest.mark.parametrize("shape,attrs", CASES + [
     ((1, 6, 28, 28), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # inception's
@@ -155,6 +165,7 @@ def test_averagepool_depthwise(shape, attrs, count_include_pad, compiled, monkey
     from actorrt.providers.cpu import _conv_numba
     if not compiled or not _conv_numba.DW_TILE:
         pytest.skip("the depthwise tiles are not built")
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE_MIN_PIXELS", 0)
     x = RNG.standard_normal(shape).astype(np.float32)
     got, want, used = _run("AveragePool", x, attrs, compiled, monkeypatch, avg_dw=True,
                            count_include_pad=count_include_pad)
@@ -171,6 +182,7 @@ def test_averagepool_depthwise_float64(case, monkeypatch):
         pytest.skip("the depthwise tiles are not built")
     from onnx.reference import ReferenceEvaluator
     monkeypatch.setattr(pool, "AVG_DEPTHWISE", True)
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE_MIN_PIXELS", 0)
     shape, attrs = CASES[case]
     x = RNG.standard_normal(shape)
     node = helper.make_node("AveragePool", ["x"], ["y"], **attrs, count_include_pad=1)

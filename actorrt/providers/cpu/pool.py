@@ -122,6 +122,13 @@ def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilat
         lo, hi = (-pb[i], n + pe_decl[i]) if count_include_pad else (0, n)
         counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
     pn = _compiled(x) if x.ndim == 4 else None
+    if pn is not None and tuple(out) == (1, 1) and tuple(kernel) == x.shape[2:] \
+            and not any(pb) and tuple(dil) == (1, 1):
+        # one window that is the whole unpadded plane (a GlobalAveragePool as
+        # Caffe2 / inception export it): the vectorized plane mean
+        tracing.kernel_variant("pool", "global", "kernel=%s", kernel)
+        return pn.global_avgpool(x.reshape(x.shape[0], x.shape[1], -1)).reshape(
+            x.shape[0], x.shape[1], 1, 1)
     if pn is not None:
         if AVG_DEPTHWISE:
             y = _avg_depthwise(x, kernel, strides, dil, pb, out, counts[0], counts[1])

@@ -145,12 +145,25 @@ def test_averagepool(shape, attrs, count_include_pad, compiled, monkeypatch):
     assert used == compiled
 
 
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("shape", [(1, 8, 7, 7), (2, 5, 3, 9), (1, 3, 1, 1)])
+def test_averagepool_whole_plane_is_the_plane_mean(shape, count_include_pad, compiled, monkeypatch):
+    """One unpadded window over the whole plane (inception's 7x7 head) takes
+    the plane mean, against onnxruntime."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, _ = _run("AveragePool", x, {"kernel_shape": list(shape[2:])}, compiled, monkeypatch,
+                        count_include_pad=count_include_pad)
+    assert got.shape == want.shape == shape[:2] + (1, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_averagepool_small_planes_keep_the_compiled_loop(monkeypatch):
     """Output planes under AVG_DEPTHWISE_MIN_PIXELS stay on the per-element loop."""
     if not _pool_numba.HAVE_NUMBA:
         pytest.skip("numba not installed")
-    x = RNG.standard_normal((1, 8, 7, 7)).astype(np.float32)
-    got, want, used = _run("AveragePool", x, {"kernel_shape": [7, 7]}, True, monkeypatch, avg_dw=True)
+    x = RNG.standard_normal((1, 8, 14, 14)).astype(np.float32)
+    got, want, used = _run("AveragePool", x, {"kernel_shape": [2, 2], "strides": [2, 2]}, True,
+                           monkeypatch, avg_dw=True)
     assert not used
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

@@ -10,7 +10,7 @@ direct / onnxruntime, core / onnxruntime. Only ratios of one run mean anything o
 machine. ``--cpu`` (1 thread): time each call by the calling thread's CPU time
 (``time.thread_time``; onnxruntime at 1 intra-op thread runs on the caller), which a busy
 machine's preemption does not inflate: on the round-8 machine (load 4-8) wall ratios of one
-layer moved 1.0-5.0 between runs, CPU-time ratios within ~0.2.
+layer moved 1.0-5.0 between runs, CPU-time ratios by 0.05-0.5.
 """
 
 from __future__ import annotations

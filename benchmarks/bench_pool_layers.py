@@ -7,8 +7,8 @@ paths against the round-7 paths and onnxruntime, one-node models, in one process
 for every size); ``old``: ``pool.AVG_DEPTHWISE = False`` (the per-element
 compiled loop of :mod:`._pool_numba`) and ``_pool_direct.MAX_ELEMENTS = 1 << 17``
 (larger MaxPools on the separable numpy max), toggled on the same session
-(a window over the whole unpadded plane takes the plane mean in both)
-between interleaved rounds. 1 thread. ``--cpu``: time by the calling process's
+between interleaved rounds (a window over the whole unpadded plane takes the
+plane mean in both). 1 thread. ``--cpu``: time by the calling process's
 CPU time (robust to a busy machine's preemption; onnxruntime at 1 intra-op
 thread runs on the caller). Prints microseconds per call (medians) and the
 ratios to onnxruntime; outputs are checked against onnxruntime.

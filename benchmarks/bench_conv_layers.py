@@ -2,12 +2,15 @@
 against the GEMM / im2col / compiled-depthwise path (:func:`._conv_util.conv_core` + the
 compiled epilogue) and onnxruntime (a one-node Conv + Relu model), in one process.
 
-    python benchmarks/bench_conv_layers.py [--threads 1] [--rounds 5] [--budget 0.05] [--only res,mob.pw]
+    python benchmarks/bench_conv_layers.py [--threads 1] [--rounds 5] [--budget 0.05] [--only res,mob.pw] [--cpu]
 
 Shapes: the convs of ``resnetish`` / ``mobilenetish`` and some zoo-style layers (wider 3x3,
 7x7 stems, 1x1 expands). Prints microseconds per call (median over interleaved rounds) and
 direct / onnxruntime, core / onnxruntime. Only ratios of one run mean anything on a shared
-machine.
+machine. ``--cpu`` (1 thread): time each call by the calling thread's CPU time
+(``time.thread_time``; onnxruntime at 1 intra-op thread runs on the caller), which a busy
+machine's preemption does not inflate: on the round-8 machine (load 4-8) wall ratios of one
+layer moved 1.0-5.0 between runs, CPU-time ratios by 0.05-0.5.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ LAYERS = [
     ("zoo.1x1.1024-256@14", 1, 1024, 14, 14, 256, 1, 1, 0, 1),
     ("zoo.stem7x7s2.64", 1, 3, 224, 224, 64, 7, 2, 3, 1),
     ("zoo.5x5.32-64@28", 1, 32, 28, 28, 64, 5, 1, 2, 1),
+    ("inc.3x3.64-192@56", 1, 64, 56, 56, 192, 3, 1, 1, 1),
+    ("inc.3x3.96@28", 1, 96, 28, 28, 96, 3, 1, 1, 1),
+    ("inc.3x3.128-160@14", 1, 128, 14, 14, 160, 3, 1, 1, 1),
+    ("inc.3x3.192-224@7", 1, 192, 7, 7, 224, 3, 1, 1, 1),
 ]
 
 
@@ -55,7 +62,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--budget", type=float, default=0.05)
     ap.add_argument("--only", default="", help="comma-separated name prefixes")
+    ap.add_argument("--cpu", action="store_true",
+                    help="time by the calling thread's CPU time (1 thread only)")
     args = ap.parse_args()
+    if args.cpu and args.threads != 1:
+        ap.error("--cpu measures the calling thread: use it with --threads 1")
+    clock = time.thread_time if args.cpu else time.perf_counter
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[v] = str(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,7 +82,7 @@ def main() -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     _threads.apply(args.threads)
-    print(f"threads {args.threads}, VW {cdr.VW}")
+    print(f"threads {args.threads}, VW {cdr.VW}, {'thread CPU' if args.cpu else 'wall'} time")
     print(f"{'layer':22s} {'direct us':>10s} {'core us':>10s} {'ort us':>10s} {'dir/ort':>8s} "
           f"{'core/ort':>8s}")
     only = [p for p in args.only.split(",") if p]
@@ -114,11 +126,12 @@ def main() -> None:
         for _ in range(args.rounds):
             for k_, f in fns.items():
                 t0 = time.perf_counter()
+                c0 = clock()
                 nrep = 0
                 while time.perf_counter() - t0 < args.budget:
                     f()
                     nrep += 1
-                times[k_].append((time.perf_counter() - t0) / nrep * 1e6)
+                times[k_].append((clock() - c0) / nrep * 1e6)
         med = {k_: statistics.median(v) for k_, v in times.items()}
         print(f"{name:22s} {med['direct']:10.1f} {med['core']:10.1f} {med['ort']:10.1f} "
               f"{med['direct'] / med['ort']:8.2f} {med['core'] / med['ort']:8.2f}", flush=True)

@@ -29,11 +29,12 @@ __all__ = ["HAVE_KERNEL", "ENABLED", "maxpool2d"]
 
 #: use the vectorized MaxPool where it applies (float32, 2-D, no Indices)
 ENABLED = True
-#: ... on inputs of at most this many elements: the phase-split copy (numpy
-#: strided copies) dominates larger ones, where the separable numpy max was
-#: as fast or faster in the A/B (direct / current: 0.51-0.55 on 64-75K-element
-#: inputs, 0.85-1.53 on 186K-1.4M)
-MAX_ELEMENTS = 1 << 17
+#: ... on inputs of at most this many elements. Round 5 set 128K (the numpy
+#: strided phase copy then dominated larger inputs); with the compiled row
+#: copies, a reused ``-inf`` buffer and the plane split over threads the
+#: direct MaxPool beat the separable numpy max on 0.6-0.8M-element inputs too
+#: (round 8), so no limit by default
+MAX_ELEMENTS = 1 << 62
 HAVE_KERNEL = _cd.HAVE_KERNEL
 
 if HAVE_KERNEL:
@@ -129,14 +130,47 @@ def make_plan(x_shape, kernel, strides, dilations, pb, out_shape) -> "_cd.Plan":
                          pb, out_shape)
 
 
-def maxpool2d(plan: "_cd.Plan", x: np.ndarray) -> np.ndarray:
+def new_buffer(plan: "_cd.Plan") -> np.ndarray:
+    """A phase-split buffer for :func:`maxpool2d` (``-inf`` everywhere). The
+    copy rewrites only the cells that hold input, so a buffer can be handed
+    back to later calls of the same plan (one call at a time per buffer)."""
+    return np.full(plan.total + 16, -np.inf, np.float32)  # 16: the tiles' over-read
+
+
+#: split a MaxPool over the intra-op threads from this many outputs x taps
+PARALLEL_MIN_WORK = 1 << 18
+
+
+def maxpool2d(plan: "_cd.Plan", x: np.ndarray, buf: np.ndarray | None = None) -> np.ndarray:
     """``y (N, C, OH, OW)``: the max over each window (see the module doc) of
-    ``x`` of the plan's input shape, float32."""
-    buf = np.full(plan.total + 16, -np.inf, np.float32)  # 16: the tiles' over-read
-    _cd.phase_copy(plan, x, buf)
+    ``x`` of the plan's input shape, float32. ``buf``: a :func:`new_buffer`
+    of this plan to reuse (made here when None). Planes split over the
+    intra-op threads (copy and tiles of a plane range in one chunk) from
+    :data:`PARALLEL_MIN_WORK`."""
+    if buf is None:
+        buf = new_buffer(plan)
     n, c, oh, ow = plan.y_shape
     y = np.empty(plan.y_shape, np.float32)
+    yf = y.reshape(-1)
     x_plane = math.prod(plan.xs_shape[2:])
-    _rows(buf, plan.offs, y.reshape(-1), len(plan.offs), x_plane, oh, ow,
-          plan.xs_shape[4], 0, n * c * oh)
+    planes = n * c
+    ntaps = len(plan.offs)
+    threads = _cd.current_threads() if y.size * ntaps >= PARALLEL_MIN_WORK and planes > 1 else 1
+    if threads <= 1 or not _cd.COMPILED_COPY:
+        _cd.phase_copy(plan, x, buf)
+        _rows(buf, plan.offs, yf, ntaps, x_plane, oh, ow, plan.xs_shape[4], 0, planes * oh)
+        return y
+    from . import _parallel
+    from ._conv_vec import phase_copy_rows
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    _, _, nphase, hi, wj = plan.xs_shape
+    h, w, sw = x.shape[2], x.shape[3], plan.key[4][1]
+    per = -(-planes // (_parallel.CHUNKS_PER_THREAD * threads))
+
+    def chunk(i):
+        p0, p1 = i * per, min(planes, (i + 1) * per)
+        phase_copy_rows(xf, buf, plan.table, c, h, w, nphase, hi, wj, sw, p0, p1)
+        _rows(buf, plan.offs, yf, ntaps, x_plane, oh, ow, wj, p0 * oh, p1 * oh)
+
+    _parallel.run_chunks(chunk, -(-planes // per), threads)
     return y

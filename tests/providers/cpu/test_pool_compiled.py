@@ -29,8 +29,9 @@ CASES = [  # (shape, attrs)
 ]
 
 
-def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, **extra):
+def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=False, **extra):
     monkeypatch.setattr(pool, "COMPILED", compiled)
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE", avg_dw)
     monkeypatch.setattr(_pool_direct, "ENABLED", direct)
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     node = helper.make_node(op, ["x"], ["y"], **attrs, **extra)
@@ -42,8 +43,8 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, **extra):
     with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
         got = s.run(None, {"x": x})[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
-    used = any((a.get("kernel_variant.pool") or {}).get("variant") == ("direct" if direct else "compiled")
-               for a in spans)
+    variant = "direct" if direct else "depthwise" if avg_dw and op == "AveragePool" else "compiled"
+    used = any((a.get("kernel_variant.pool") or {}).get("variant") == variant for a in spans)
     return got, want, used
 
 
@@ -144,6 +145,72 @@ def test_averagepool(shape, attrs, count_include_pad, compiled, monkeypatch):
     assert used == compiled
 
 
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("shape", [(1, 8, 7, 7), (2, 5, 3, 9), (1, 3, 1, 1)])
+def test_averagepool_whole_plane_is_the_plane_mean(shape, count_include_pad, compiled, monkeypatch):
+    """One unpadded window over the whole plane (inception's 7x7 head) takes
+    the plane mean, against onnxruntime."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, _ = _run("AveragePool", x, {"kernel_shape": list(shape[2:])}, compiled, monkeypatch,
+                        count_include_pad=count_include_pad)
+    assert got.shape == want.shape == shape[:2] + (1, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_averagepool_small_planes_keep_the_compiled_loop(monkeypatch):
+    """Output planes under AVG_DEPTHWISE_MIN_PIXELS stay on the per-element loop."""
+    if not _pool_numba.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    x = RNG.standard_normal((1, 8, 14, 14)).astype(np.float32)
+    got, want, used = _run("AveragePool", x, {"kernel_shape": [2, 2], "strides": [2, 2]}, True,
+                           monkeypatch, avg_dw=True)
+    assert not used
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("shape,attrs", CASES + [
+    ((1, 6, 28, 28), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # inception's
+    ((1, 4, 56, 56), {"kernel_shape": [2, 2], "strides": [2, 2]})])  # densenet's transition
+def test_averagepool_depthwise(shape, attrs, count_include_pad, compiled, monkeypatch):
+    """AveragePool as the compiled depthwise conv with ones + the count
+    division, against onnxruntime (float32)."""
+    from actorrt.providers.cpu import _conv_numba
+    if not compiled or not _conv_numba.DW_TILE:
+        pytest.skip("the depthwise tiles are not built")
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE_MIN_PIXELS", 0)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want, used = _run("AveragePool", x, attrs, compiled, monkeypatch, avg_dw=True,
+                           count_include_pad=count_include_pad)
+    assert got.shape == want.shape and used
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [1, 3, 4, 8])
+def test_averagepool_depthwise_float64(case, monkeypatch):
+    """float64 AveragePool by the depthwise kernel, against onnx's reference
+    evaluator."""
+    from actorrt.providers.cpu import _conv_numba
+    if not _conv_numba.DW_TILE:
+        pytest.skip("the depthwise tiles are not built")
+    from onnx.reference import ReferenceEvaluator
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE", True)
+    monkeypatch.setattr(pool, "AVG_DEPTHWISE_MIN_PIXELS", 0)
+    shape, attrs = CASES[case]
+    x = RNG.standard_normal(shape)
+    node = helper.make_node("AveragePool", ["x"], ["y"], **attrs, count_include_pad=1)
+    g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.DOUBLE, x.shape)],
+                          [helper.make_tensor_value_info("y", TP.DOUBLE, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})[0]
+        variants = [(sp.args.get("kernel_variant.pool") or {}).get("variant")
+                    for sp in s.session.tracer.spans if sp.cat == "op"]
+    assert "depthwise" in variants and got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 5), (1, 7, 13, 13), (2, 2, 3, 2, 4), (1, 1000, 1, 1)])
 def test_global_average_pool(shape, compiled, monkeypatch):
     x = (RNG.standard_normal(shape) * 100 + 50).astype(np.float32)
@@ -160,3 +227,25 @@ def test_global_average_pool_float64(compiled, monkeypatch):
     with actorrt.InferenceSession(make_node_model("GlobalAveragePool", {"x": x}, ["y"], opset=21)) as s:
         (got,) = s.run(None, {"x": x})
     np.testing.assert_allclose(got, x.mean(axis=(2, 3), keepdims=True), rtol=1e-13)
+
+
+@pytest.mark.parametrize("case", [1, 2, 8, 9])
+def test_maxpool_direct_split_over_threads(case, monkeypatch):
+    """The direct MaxPool with its planes split over 2 intra-op threads (copy
+    and tiles per plane range) and a reused buffer, exactly onnxruntime's."""
+    if not _pool_direct.HAVE_KERNEL:
+        pytest.skip("no numba / AVX2: the direct MaxPool is not built")
+    monkeypatch.setattr(_pool_direct, "PARALLEL_MIN_WORK", 0)
+    shape, attrs = CASES[case]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    monkeypatch.setattr(pool, "COMPILED", True)
+    monkeypatch.setattr(_pool_direct, "ENABLED", True)
+    node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
+    g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.FLOAT, x.shape)],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(intra_op_num_threads=2)) as s:
+        for _ in range(3):  # the second and third run reuse the -inf buffer
+            got = s.run(None, {"x": x * 1})[0]
+            np.testing.assert_array_equal(got, want)

@@ -279,9 +279,12 @@ if _i8.HAVE_INT8_DOT:
         p0 = max(parts, tile * n0 // ITEM_MACS)
         p1 = max(parts, tile * n1 // ITEM_MACS)
         p2 = max(parts, tile * n2 // ITEM_MACS)
-        w0 = max(cw, ((n0 + p0 - 1) // p0 + 3) // 4 * 4)
-        w1 = max(cw, ((n1 + p1 - 1) // p1 + 3) // 4 * 4)
-        w2 = max(cw, ((n2 + p2 - 1) // p2 + 3) // 4 * 4)
+        # (chunk widths: multiples of four columns, one group; of sixteen from
+        # two rows, the wide decode tiles' and the panel's chunk)
+        g = 16 if xq.shape[0] >= 2 else 4
+        w0 = max(cw, ((n0 + p0 - 1) // p0 + g - 1) // g * g)
+        w1 = max(cw, ((n1 + p1 - 1) // p1 + g - 1) // g * g)
+        w2 = max(cw, ((n2 + p2 - 1) // p2 + g - 1) // g * g)
         c0 = (n0 + w0 - 1) // w0
         c1 = (n1 + w1 - 1) // w1
         # (row tile, column chunk) work items: a chunk's row tiles one after

@@ -17,7 +17,10 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   output columns lo..hi of every row (what the fused decoder stack's
   projection stages and :func:`._contrib_int8.gemm_i8` call); from
   :data:`._int8_panel.PANEL_MIN_ROWS` rows, 4-bit, eight columns at a time
-  against an unpacked int8 panel (:mod:`._int8_panel`, the same bits).
+  against an unpacked int8 panel (:mod:`._int8_panel`, the same bits);
+  from :data:`._int8_wide.WIDE_MIN_ROWS` rows below that (a decode batch),
+  4-bit with zero points on AVX-512 VNNI, sixteen columns at a time in zmm
+  tiles of up to eight rows (:mod:`._int8_wide`, the same bits).
 
 :data:`HAVE_INT8_DOT` is False without numba, off x86-64, without AVX2, or
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the
@@ -790,6 +793,11 @@ if HAVE_INT8_DOT:
             # prefill-size M, 4-bit: eight columns at a time against a panel
             # unpacked once (the same bits as the paired tiles below)
             lo = _panel._panel_cols(xq, sx, xsum, w, d, dz, out, lo, full)
+        elif (_wide.WIDE_DECODE and m_rows >= _wide.WIDE_MIN_ROWS and per == 16 and not sym):
+            # a decode batch, 4-bit: sixteen columns at a time on zmm, each
+            # weight block unpacked in registers once for up to eight rows
+            # (the same bits as the paired tiles below)
+            lo = _wide._wide_cols(xq, sx, xsum, w, d, dz, out, lo, full, prefetch)
         if m_rows >= TILE_MIN_ROWS:
             r0 = 0
             while r0 < m_rows:
@@ -874,3 +882,4 @@ if HAVE_INT8_DOT:
 
 if HAVE_INT8_DOT:
     from . import _int8_panel as _panel  # noqa: E402  (uses IR above; read by _cols)
+    from . import _int8_wide as _wide  # noqa: E402  (the same)

@@ -34,11 +34,43 @@ __all__ = ["HAVE_PAGED", "gqa_paged"]
 
 HAVE_PAGED = _nb.HAVE_NUMBA
 
+#: decode attention prefetches the K (then V) rows this many positions ahead
+#: (software prefetch: a pool's block of one KV head is a short run of
+#: block_size rows, 4 KiB for SmolLM2 in float32, at a place of its own, so
+#: the hardware prefetcher restarts at every block); 0: none (for comparisons)
+PREFETCH_ROWS = 16
+
 if HAVE_PAGED:
-    from numba import njit, prange
+    from llvmlite import ir as _ir
+    from numba import njit, prange, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
 
     _rotate, _expf = _nb._rotate, _nb._expf
     kv_get, kv_put = _half.kv_get, _half.kv_put
+
+    @intrinsic
+    def _prefetch_at(typingctx, row, e):
+        """Prefetch (into every cache level) the cache line of element ``e``
+        of a 1-D pool row: a hint."""
+        def codegen(context, builder, sig, args):
+            i8p = _ir.IntType(8).as_pointer()
+            i32 = _ir.IntType(32)
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            fn = cgutils.get_or_insert_function(
+                builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p),
+                              i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.none(row, types.int64), codegen
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _prefetch_row(row):  # pragma: no cover - compiled
+        # every cache line of a contiguous pool row (16 values a step: a
+        # float32 line; a float16 row's lines twice)
+        for e in range(0, row.shape[0], 16):
+            _prefetch_at(row, e)
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d, s_len,
@@ -105,8 +137,17 @@ if HAVE_PAGED:
         for i in range(g):
             mx[i] = np.float32(-np.inf)
         g0 = lo - lo % 4
+        # (PREFETCH_ROWS: the rows that many positions ahead, four a group,
+        # clamped into [lo, hi) as the rows read: hints, the bits unchanged)
+        ahead = PREFETCH_ROWS
+        if ahead > 0:
+            for t in range(g0, min(hi, g0 + ahead)):
+                _prefetch_row(_row(kpool, bt, b, kh, t, lo, hi, bs))
         t0 = g0
         while t0 < hi:
+            if ahead > 0 and t0 + ahead < hi:
+                for j in range(4):
+                    _prefetch_row(_row(kpool, bt, b, kh, t0 + ahead + j, lo, hi, bs))
             k0 = _row(kpool, bt, b, kh, t0, lo, hi, bs)
             k1 = _row(kpool, bt, b, kh, t0 + 1, lo, hi, bs)
             k2 = _row(kpool, bt, b, kh, t0 + 2, lo, hi, bs)
@@ -117,7 +158,13 @@ if HAVE_PAGED:
             t0 += 4
         _nb._exp_rows(sc, mx, den, g, hi - lo)
         t0 = g0
+        if ahead > 0:  # the first V rows while the exponentials run
+            for t in range(g0, min(hi, g0 + ahead)):
+                _prefetch_row(_row(vpool, bt, b, kh, t, lo, hi, bs))
         while t0 < hi:
+            if ahead > 0 and t0 + ahead < hi:
+                for j in range(4):
+                    _prefetch_row(_row(vpool, bt, b, kh, t0 + ahead + j, lo, hi, bs))
             v0 = _row(vpool, bt, b, kh, t0, lo, hi, bs)
             v1 = _row(vpool, bt, b, kh, t0 + 1, lo, hi, bs)
             v2 = _row(vpool, bt, b, kh, t0 + 2, lo, hi, bs)

@@ -79,3 +79,56 @@ def test_model_without_contrib_ops_is_untouched():
     sa = {v.name: (v.type, v.shape) for n in a for v in n.outputs}
     sb = {v.name: (v.type, v.shape) for n in b for v in n.outputs}
     assert {k: str(v) for k, v in sa.items()} == {k: str(v) for k, v in sb.items()}
+
+
+def _ms(op, ins, outs, **attrs):
+    return onnx.helper.make_node(op, ins, outs, domain="com.microsoft", **attrs)
+
+
+def test_handmade_chain_of_contrib_ops_matches_onnxruntimes_run(tmp_path):
+    from onnx import TensorProto as TP, helper, numpy_helper
+    rng = np.random.default_rng(5)
+    b, s, d, h = 2, 6, 12, 3
+    inits = [numpy_helper.from_array(rng.standard_normal((d, 3 * d)).astype(np.float32), "wqkv"),
+             numpy_helper.from_array(rng.standard_normal((20, d)).astype(np.float32), "wt"),
+             numpy_helper.from_array(rng.standard_normal((5, 8)).astype(np.float32), "wg"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "bg"),
+             numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "gamma"),
+             numpy_helper.from_array(np.int64([-1, 8]), "shape2"),
+             numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wc")]
+    nodes = [_ms("Attention", ["x", "wqkv"], ["att"], num_heads=h),
+             _ms("Gelu", ["att"], ["g"]),
+             _ms("FusedMatMul", ["g", "wt"], ["fm"], transB=1, alpha=0.5),
+             helper.make_node("Relu", ["fm"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape2"], ["rs"]),
+             _ms("FusedGemm", ["rs", "wg", "bg"], ["fg"], transB=1, activation="Relu"),
+             _ms("SkipLayerNormalization", ["fg", "fg", "gamma"], ["sln"]),
+             helper.make_node("Softmax", ["sln"], ["sm"], axis=-1),
+             _ms("FusedConv", ["img", "wc"], ["fc"], pads=[1, 1, 1, 1], strides=[2, 2],
+                 activation="Relu"),
+             helper.make_node("GlobalAveragePool", ["fc"], ["gap"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [b, s, d]),
+                                       helper.make_tensor_value_info("img", TP.FLOAT,
+                                                                     [1, 3, 9, 11])],
+                          [helper.make_tensor_value_info("sm", TP.FLOAT, None),
+                           helper.make_tensor_value_info("gap", TP.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "chain.onnx"
+    onnx.save(m, str(path))
+    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32),
+             "img": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)}
+    actual = _run_all_values(path, feeds)
+    shapes = {v.name: v.shape for n in load_model(str(path)).model.graph for v in n.outputs}
+    for name in ("att", "g", "fm", "r", "rs", "fg", "sln", "sm", "fc", "gap"):
+        assert shapes[name] is not None, name
+        assert tuple(shapes[name]) == actual[name], (name, shapes[name], actual[name])
+    # and the model itself runs as onnxruntime runs it
+    import actorrt
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with actorrt.InferenceSession(str(path)) as sess:
+        got = sess.run(None, feeds)
+    for gv, wv in zip(got, want):
+        np.testing.assert_allclose(gv, wv, rtol=1e-4, atol=1e-5)

@@ -13,7 +13,8 @@ them in:
 * contrib ops by their onnxruntime schema: the elementwise ones
   (``Gelu``, ``FastGelu``, ``QuickGelu``, ``BiasGelu``, ``BiasAdd``,
   ``RotaryEmbedding``) and ``Skip[Simplified]LayerNormalization`` (outputs 0
-  and 3) take input 0's type; ``FusedMatMul`` is onnx ``MatMul`` on its
+  and 3) take input 0's type; ``Attention`` gives ``(B, S, Dv)``;
+  ``FusedMatMul`` is onnx ``MatMul`` on its
   permuted operands, ``FusedGemm`` onnx ``Gemm``, ``FusedConv`` onnx ``Conv``
   (their activation attributes dropped);
 * onnx ops by onnx's own per-node inference
@@ -82,6 +83,27 @@ def _permuted(tp: onnx.TypeProto, trans_batch: bool, trans: bool) -> onnx.TypePr
     return out
 
 
+def _attention_output(node: ir.Node, x: onnx.TypeProto, w: onnx.TypeProto
+                      ) -> dict[int, onnx.TypeProto]:
+    """com.microsoft Attention's output 0: ``(B, S, Dv)`` of input 0's dtype."""
+    xs, ws = x.tensor_type.shape.dim, w.tensor_type.shape.dim
+    if len(xs) != 3 or len(ws) != 2:
+        return {}
+    sizes = node.attributes.get_ints("qkv_hidden_sizes", None)
+    if sizes:
+        dv = int(sizes[2])
+    elif ws[1].HasField("dim_value"):
+        dv = ws[1].dim_value // 3
+    else:
+        return {}
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = x.tensor_type.elem_type
+    for d in xs[:2]:
+        out.tensor_type.shape.dim.add().CopyFrom(d)
+    out.tensor_type.shape.dim.add().dim_value = dv
+    return {0: out}
+
+
 def _onnx_infer(op: str, domain: str, opset: int, inputs: list[str], outputs: list[str],
                 attrs: dict, types: dict, data: dict) -> dict:
     schema = onnx.defs.get_schema(op, opset, domain)
@@ -126,6 +148,8 @@ def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
                 return {}
             got = _onnx_infer("MatMul", "", 13, ["a", "b"], ["y"], {}, {"a": ta, "b": tb}, {})
             return {0: got["y"]} if "y" in got else {}
+        if op == "Attention" and len(types) >= 2 and None not in types[:2]:
+            return _attention_output(node, types[0], types[1])
         if op in _AS_ONNX:
             base, keep, n_in = _AS_ONNX[op]
             names = [f"i{k}" if types[k] is not None else "" for k in range(min(n_in, len(types)))]

@@ -96,7 +96,14 @@ def test_handmade_chain_of_contrib_ops_matches_onnxruntimes_run(tmp_path):
              numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "gamma"),
              numpy_helper.from_array(np.int64([-1, 8]), "shape2"),
              numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "wc")]
-    nodes = [_ms("Attention", ["x", "wqkv"], ["att"], num_heads=h),
+    inits += [numpy_helper.from_array(rng.standard_normal((40, d)).astype(np.float32), "we"),
+              numpy_helper.from_array(rng.standard_normal((16, d)).astype(np.float32), "pe"),
+              numpy_helper.from_array(np.ones(d, np.float32), "eg"),
+              numpy_helper.from_array(np.zeros(d, np.float32), "eb")]
+    nodes = [_ms("EmbedLayerNormalization", ["ids", "", "we", "pe", "", "eg", "eb"],
+                 ["emb", "mi"]),
+             helper.make_node("Add", ["x0", "emb"], ["x"]),
+             _ms("Attention", ["x", "wqkv"], ["att"], num_heads=h),
              _ms("Gelu", ["att"], ["g"]),
              _ms("FusedMatMul", ["g", "wt"], ["fm"], transB=1, alpha=0.5),
              helper.make_node("Relu", ["fm"], ["r"]),
@@ -107,20 +114,23 @@ def test_handmade_chain_of_contrib_ops_matches_onnxruntimes_run(tmp_path):
              _ms("FusedConv", ["img", "wc"], ["fc"], pads=[1, 1, 1, 1], strides=[2, 2],
                  activation="Relu"),
              helper.make_node("GlobalAveragePool", ["fc"], ["gap"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT, [b, s, d]),
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TP.FLOAT, [b, s, d]),
+                                       helper.make_tensor_value_info("ids", TP.INT32, [b, s]),
                                        helper.make_tensor_value_info("img", TP.FLOAT,
                                                                      [1, 3, 9, 11])],
                           [helper.make_tensor_value_info("sm", TP.FLOAT, None),
+                           helper.make_tensor_value_info("mi", TP.INT32, None),
                            helper.make_tensor_value_info("gap", TP.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
                                             helper.make_opsetid("com.microsoft", 1)])
     path = tmp_path / "chain.onnx"
     onnx.save(m, str(path))
-    feeds = {"x": rng.standard_normal((b, s, d)).astype(np.float32),
+    feeds = {"x0": rng.standard_normal((b, s, d)).astype(np.float32),
+             "ids": rng.integers(0, 40, (b, s)).astype(np.int32),
              "img": rng.standard_normal((1, 3, 9, 11)).astype(np.float32)}
     actual = _run_all_values(path, feeds)
     shapes = {v.name: v.shape for n in load_model(str(path)).model.graph for v in n.outputs}
-    for name in ("att", "g", "fm", "r", "rs", "fg", "sln", "sm", "fc", "gap"):
+    for name in ("emb", "mi", "x", "att", "g", "fm", "r", "rs", "fg", "sln", "sm", "fc", "gap"):
         assert shapes[name] is not None, name
         assert tuple(shapes[name]) == actual[name], (name, shapes[name], actual[name])
     # and the model itself runs as onnxruntime runs it

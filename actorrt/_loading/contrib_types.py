@@ -13,7 +13,8 @@ them in:
 * contrib ops by their onnxruntime schema: the elementwise ones
   (``Gelu``, ``FastGelu``, ``QuickGelu``, ``BiasGelu``, ``BiasAdd``,
   ``RotaryEmbedding``) and ``Skip[Simplified]LayerNormalization`` (outputs 0
-  and 3) take input 0's type; ``Attention`` gives ``(B, S, Dv)``;
+  and 3) take input 0's type; ``Attention`` gives ``(B, S, Dv)``,
+  ``EmbedLayerNormalization`` ``(B, S, D)``, ``(B,)``, ``(B, S, D)``;
   ``FusedMatMul`` is onnx ``MatMul`` on its
   permuted operands, ``FusedGemm`` onnx ``Gemm``, ``FusedConv`` onnx ``Conv``
   (their activation attributes dropped);
@@ -104,6 +105,23 @@ def _attention_output(node: ir.Node, x: onnx.TypeProto, w: onnx.TypeProto
     return {0: out}
 
 
+def _embed_outputs(ids: onnx.TypeProto, table: onnx.TypeProto, n_out: int
+                   ) -> dict[int, onnx.TypeProto]:
+    """EmbedLayerNormalization: ``(B, S, D)`` of the table's dtype, int32
+    ``(B,)``, ``(B, S, D)``."""
+    i, t = ids.tensor_type.shape.dim, table.tensor_type.shape.dim
+    if len(i) != 2 or len(t) != 2:
+        return {}
+    y = onnx.TypeProto()
+    y.tensor_type.elem_type = table.tensor_type.elem_type
+    for d in (i[0], i[1], t[1]):
+        y.tensor_type.shape.dim.add().CopyFrom(d)
+    mi = onnx.TypeProto()
+    mi.tensor_type.elem_type = onnx.TensorProto.INT32
+    mi.tensor_type.shape.dim.add().CopyFrom(i[0])
+    return {k: tp for k, tp in ((0, y), (1, mi), (2, y)) if k < n_out}
+
+
 def _onnx_infer(op: str, domain: str, opset: int, inputs: list[str], outputs: list[str],
                 attrs: dict, types: dict, data: dict) -> dict:
     schema = onnx.defs.get_schema(op, opset, domain)
@@ -148,6 +166,9 @@ def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
                 return {}
             got = _onnx_infer("MatMul", "", 13, ["a", "b"], ["y"], {}, {"a": ta, "b": tb}, {})
             return {0: got["y"]} if "y" in got else {}
+        if op == "EmbedLayerNormalization" and len(types) >= 3 and types[0] is not None \
+                and types[2] is not None:
+            return _embed_outputs(types[0], types[2], len(node.outputs))
         if op == "Attention" and len(types) >= 2 and None not in types[:2]:
             return _attention_output(node, types[0], types[1])
         if op in _AS_ONNX:

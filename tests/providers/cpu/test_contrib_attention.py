@@ -165,3 +165,52 @@ def test_refused_configurations_are_typed():
             _ort(model, feeds)
         with pytest.raises(actorrt.ActorRTError, match="mask_index"):
             _ours(model, feeds)
+
+
+# ------------------------------------------------- EmbedLayerNormalization
+
+def _embed_model(ins, outs, feeds, inits, **attrs):
+    node = helper.make_node("EmbedLayerNormalization", ins, outs, domain="com.microsoft",
+                            **attrs)
+    vis = [helper.make_tensor_value_info(k, TP.INT32, list(v.shape)) for k, v in feeds.items()]
+    g = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(
+        o, TP.INT32 if o == "mi" else TP.FLOAT, None) for o in outs], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+@pytest.mark.parametrize("variant", ["all inputs", "no segment, position_ids (1, S)",
+                                     "position_ids (B, S)", "no mask"])
+def test_embed_layer_normalization_equals_onnxruntime(variant):
+    v, d, b, s = 30, 16, 2, 5
+    inits = [numpy_helper.from_array(RNG.standard_normal((v, d)).astype(np.float32), "we"),
+             numpy_helper.from_array(RNG.standard_normal((12, d)).astype(np.float32), "pe"),
+             numpy_helper.from_array(RNG.standard_normal((2, d)).astype(np.float32), "se"),
+             numpy_helper.from_array(RNG.standard_normal(d).astype(np.float32), "g"),
+             numpy_helper.from_array(RNG.standard_normal(d).astype(np.float32), "bt")]
+    feeds = {"ids": RNG.integers(0, v, (b, s)).astype(np.int32)}
+    ins = ["ids", "seg", "we", "pe", "se", "g", "bt", "mask"]
+    feeds["seg"] = RNG.integers(0, 2, (b, s)).astype(np.int32)
+    feeds["mask"] = np.array([[1, 1, 1, 0, 0], [1, 0, 1, 1, 0]], np.int32)
+    if variant == "no segment, position_ids (1, S)":
+        ins = ["ids", "", "we", "pe", "", "g", "bt", "mask", "pid"]
+        del feeds["seg"]
+        feeds["pid"] = np.array([[3, 2, 1, 0, 4]], np.int32)
+    elif variant == "position_ids (B, S)":
+        ins = ins + ["pid"]
+        feeds["pid"] = RNG.integers(0, 12, (b, s)).astype(np.int32)
+    elif variant == "no mask":
+        ins = ins[:7]
+        del feeds["mask"]
+    model = _embed_model(ins, ["y", "mi", "es"], feeds, inits, epsilon=1e-5)
+    _compare(model, feeds)
+
+
+def test_embed_layer_normalization_out_of_range_id_is_a_typed_error():
+    inits = [numpy_helper.from_array(np.ones((4, 8), np.float32), n) for n in ("we", "pe")] + \
+        [numpy_helper.from_array(np.ones(8, np.float32), n) for n in ("g", "bt")]
+    feeds = {"ids": np.array([[0, 9]], np.int32)}
+    model = _embed_model(["ids", "", "we", "pe", "", "g", "bt"], ["y"], feeds, inits)
+    with pytest.raises(actorrt.ActorRTError, match="input_ids"):
+        _ours(model, feeds)

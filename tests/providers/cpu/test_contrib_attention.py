@@ -214,3 +214,85 @@ def test_embed_layer_normalization_out_of_range_id_is_a_typed_error():
     model = _embed_model(["ids", "", "we", "pe", "", "g", "bt"], ["y"], feeds, inits)
     with pytest.raises(actorrt.ActorRTError, match="input_ids"):
         _ours(model, feeds)
+
+
+# ------------------------------------------------------ MultiHeadAttention
+
+def _mha_model(feeds, names, attrs, n_out, dtype=TP.FLOAT):
+    """names: the op's input names in order ("" for absent ones)."""
+    while names and not names[-1]:
+        names = names[:-1]
+    vis = [helper.make_tensor_value_info(n, TP.INT32 if feeds[n].dtype == np.int32 else dtype,
+                                         list(feeds[n].shape)) for n in names if n]
+    outs = ["y", "present_k", "present_v"][:n_out]
+    node = helper.make_node("MultiHeadAttention", names, outs, domain="com.microsoft",
+                            num_heads=H, **attrs)
+    g = helper.make_graph([node], "g", vis, [helper.make_tensor_value_info(o, dtype, None)
+                                            for o in outs])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+def _f(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+DH = D // H
+L = 7
+MHA_CASES = {
+    "self, bias": (lambda: {"q": _f(B, S, D), "k": _f(B, S, D), "v": _f(B, S, D),
+                            "bias": _f(3 * D)}, ["q", "k", "v", "bias"], {}),
+    "cross, lengths mask": (lambda: {"q": _f(B, S, D), "k": _f(B, L, D), "v": _f(B, L, D),
+                                     "m": np.array([7, 4], np.int32)},
+                            ["q", "k", "v", "", "m"], {}),
+    "cross, raw mask, scale": (lambda: {"q": _f(B, S, D), "k": _f(B, L, D), "v": _f(B, L, D),
+                                        "m": (RNG.random((B, L)) > 0.3).astype(np.int32)},
+                               ["q", "k", "v", "", "m"], {"scale": 0.2}),
+    "split heads K/V": (lambda: {"q": _f(B, S, D), "k": _f(B, H, L, DH), "v": _f(B, H, L, DH)},
+                        ["q", "k", "v"], {}),
+    "self, past, causal, 3-D mask, attention bias": (
+        lambda: {"q": _f(B, S, D), "k": _f(B, S, D), "v": _f(B, S, D),
+                 "m": (RNG.random((B, S, 4 + S)) > 0.2).astype(np.int32),
+                 "ab": _f(1, H, S, 4 + S), "pk": _f(B, H, 4, DH), "pv": _f(B, H, 4, DH)},
+        ["q", "k", "v", "", "m", "ab", "pk", "pv"], {"unidirectional": 1}),
+}
+
+
+@pytest.mark.parametrize("case", MHA_CASES, ids=list(MHA_CASES))
+def test_multi_head_attention_equals_onnxruntime(case):
+    make, names, attrs = MHA_CASES[case]
+    feeds = make()
+    n_out = 3 if "pk" in feeds or case.startswith("self") else 1
+    model = _mha_model(feeds, names, attrs, n_out)
+    _compare(model, {n: feeds[n] for n in names if n})
+
+
+def test_multi_head_attention_float16_equals_onnxruntime():
+    feeds = {n: _f(B, S, D).astype(np.float16) for n in ("q", "k", "v")}
+    model = _mha_model(feeds, ["q", "k", "v"], {}, 1, dtype=TP.FLOAT16)
+    want = _ort(model, feeds)[0]
+    got = _ours(model, feeds)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("packed", ["KV", "QKV"])
+def test_multi_head_attention_packed_equals_onnxruntime_on_the_unpacked_inputs(packed):
+    # onnxruntime's CPU kernel does not take packed inputs (its CUDA kernel
+    # does): the reference is onnxruntime on the same tensors unpacked
+    bias = _f(3 * D)
+    if packed == "KV":
+        q, kv = _f(B, S, D), _f(B, L, H, 2, DH)
+        feeds, names = {"q": q, "k": kv, "bias": bias}, ["q", "k", "", "bias"]
+        ref = {"q": q, "k": kv[:, :, :, 0].reshape(B, L, D),
+               "v": kv[:, :, :, 1].reshape(B, L, D), "bias": bias}
+    else:
+        qkv = _f(B, S, H, 3, DH)
+        feeds, names = {"q": qkv, "bias": bias}, ["q", "", "", "bias"]
+        ref = {n: qkv[:, :, :, i].reshape(B, S, D) for i, n in enumerate("qkv")}
+        ref["bias"] = bias
+    want = _ort(_mha_model(ref, ["q", "k", "v", "bias"], {}, 1), ref)[0]
+    got = _ours(_mha_model(feeds, names, {}, 1), {n: feeds[n] for n in names if n})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -15,7 +15,8 @@ them in:
   ``RotaryEmbedding``) and ``Skip[Simplified]LayerNormalization`` (outputs 0
   and 3) take input 0's type; ``Attention`` gives ``(B, S, Dv)``,
   ``EmbedLayerNormalization`` ``(B, S, D)``, ``(B,)``, ``(B, S, D)``;
-  ``FusedMatMul`` is onnx ``MatMul`` on its
+  ``FusedMatMul`` (and, float32 out, ``DynamicQuantizeMatMul`` /
+  ``MatMulIntegerToFloat``) is onnx ``MatMul`` on its
   permuted operands, ``FusedGemm`` onnx ``Gemm``, ``FusedConv`` onnx ``Conv``
   (their activation attributes dropped);
 * onnx ops by onnx's own per-node inference
@@ -171,6 +172,14 @@ def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
             return _embed_outputs(types[0], types[2], len(node.outputs))
         if op == "Attention" and len(types) >= 2 and None not in types[:2]:
             return _attention_output(node, types[0], types[1])
+        if op in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat") and len(types) >= 2 and \
+                None not in types[:2]:  # float32 out, MatMul's shape rule
+            ta, tb = onnx.TypeProto(), onnx.TypeProto()
+            ta.CopyFrom(types[0])
+            tb.CopyFrom(types[1])
+            ta.tensor_type.elem_type = tb.tensor_type.elem_type = onnx.TensorProto.FLOAT
+            got = _onnx_infer("MatMul", "", 13, ["a", "b"], ["y"], {}, {"a": ta, "b": tb}, {})
+            return {0: got["y"]} if "y" in got else {}
         if op in _AS_ONNX:
             base, keep, n_in = _AS_ONNX[op]
             names = [f"i{k}" if types[k] is not None else "" for k in range(min(n_in, len(types)))]

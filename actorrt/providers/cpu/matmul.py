@@ -2,8 +2,8 @@
 
 Spec: ONNX MatMul (1, 9, 13), Gemm (1, 6, 7, 9, 11, 13), MatMulInteger (10),
 QLinearMatMul (10, 21), Einsum (12, 28), Det (11, 22); onnxruntime's contrib
-FusedGemm and FusedMatMul (com.microsoft 1), which its graph optimizer
-writes into the models it saves.
+FusedGemm, FusedMatMul, DynamicQuantizeMatMul and MatMulIntegerToFloat
+(com.microsoft 1), which its graph optimizer writes into the models it saves.
 
 float32 / float64 products go to BLAS sgemm / dgemm: one call, or above a
 flop threshold per-thread blocks of one-thread calls (:mod:`._matmul_split`).
@@ -428,6 +428,45 @@ def _saturate_to(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return np.clip(np.rint(y), info.min, info.max).astype(dtype)
     finfo_max = float(np.finfo(dtype).max)
     return np.clip(y, -finfo_max, finfo_max).astype(dtype)
+
+
+def _float_of_int_product(acc: np.ndarray, a_scale, b_scale, bias) -> np.ndarray:
+    """``float32(acc) * (a_scale * b_scale) (+ bias)`` as onnxruntime's
+    integer-to-float kernels compute it: the scale product in float32, a
+    per-row ``a_scale`` ``(M,)`` or per-column ``b_scale`` ``(N,)``."""
+    sa = np.asarray(a_scale, np.float32)
+    sa = sa.reshape(-1, 1) if sa.size > 1 and acc.ndim >= 2 else sa.reshape(()) \
+        if sa.size == 1 else sa
+    scale = (sa * np.asarray(b_scale, np.float32)).astype(np.float32)
+    y = acc.astype(np.float32) * scale
+    if bias is not None:
+        y += np.asarray(bias, np.float32)
+    return y
+
+
+@cpu_kernel("MatMulIntegerToFloat", domain="com.microsoft")
+def MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
+                         bias=None):
+    """com.microsoft MatMulIntegerToFloat (onnxruntime's fusion of
+    MatMulInteger + Cast + Mul [+ Add]): ``float((A - a_zp) @ (B - b_zp)) *
+    a_scale * b_scale (+ bias)`` with 8-bit ``A`` / ``B`` (numpy matmul
+    ranks), scales and zero points per tensor, ``a_*`` per row of A or
+    ``b_*`` per column of B; float32 out. The integer product is exact
+    (float64 BLAS, as :func:`MatMulInteger`)."""
+    acc = np.matmul(_centered(A, a_zero_point, True), _centered(B, b_zero_point, False))
+    return _float_of_int_product(np.asarray(acc), a_scale, b_scale, bias)
+
+
+@cpu_kernel("DynamicQuantizeMatMul", domain="com.microsoft")
+def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
+    """com.microsoft DynamicQuantizeMatMul (onnxruntime's fusion of
+    DynamicQuantizeLinear + MatMulInteger + scale [+ bias]): float32 ``A``
+    quantized to uint8 as ONNX DynamicQuantizeLinear does (scale
+    ``(max(0, max A) - min(0, min A)) / 255``), then
+    :func:`MatMulIntegerToFloat` with the 8-bit ``B``. float32 out."""
+    from .quantize import DynamicQuantizeLinear as _dql
+    qa, a_scale, a_zp = _dql(A)
+    return MatMulIntegerToFloat(qa, B, a_scale, b_scale, a_zp, b_zero_point, bias)
 
 
 @cpu_kernel("QLinearMatMul", since=(10, 21))

@@ -22,6 +22,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common_passes
 
 from ._errors import ModelLoadError
+from ._loading.contrib_types import infer_through_contrib_ops
 from ._loading.graph import check_graph_protos, run_onnx_checker
 from ._loading.tensors import anchor_external_tensors, check_tensor_protos
 
@@ -128,6 +129,7 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
         except Exception:
             # Shape inference is advisory: kernels see runtime shapes.
             pass
+        infer_through_contrib_ops(m)  # onnx stops at com.microsoft nodes
     return LoadedModel(m, name, base_dir)
 
 

@@ -251,6 +251,7 @@ def _run_both(m, feeds):
 
 VALID = {
     # nodes out of order: the loader sorts them; the error after them is still found
+    # (more cases are added below the dict)
     "unsorted nodes": _model([helper.make_node("Neg", ["t"], ["y"]),
                               helper.make_node("Relu", ["x"], ["t"])], [_vi("x")], [_vi("y")]),
     "no declared output shape or type": _model(
@@ -275,6 +276,21 @@ VALID = {
 }
 
 
+def _ir3(m):
+    m.ir_version = 3
+    return m
+
+
+# IR 3 wants every initializer listed as a graph input; onnxruntime's optimizer
+# writes new (folded) initializers without listing them and keeps IR 3, and
+# onnxruntime loads such files
+VALID["IR 3 initializer not listed as a graph input"] = _ir3(_model(
+    [helper.make_node("Add", ["x", "k"], ["t"]), helper.make_node("Mul", ["t", "v"], ["y"])],
+    [_vi("x"), _vi("k")], [_vi("y")],
+    [numpy_helper.from_array(np.float32([1, 2, 3, 4]), "k"),
+     numpy_helper.from_array(np.float32([2, 2, 3, 3]), "v")]))
+
+
 @pytest.mark.parametrize("case", VALID, ids=list(VALID))
 def test_valid_neighbours_load_and_match_the_peer(case):
     m = VALID[case]
@@ -295,3 +311,25 @@ def test_unsorted_model_still_gets_the_later_finding_checked():
     m = _model([lr, helper.make_node("Relu", ["x"], ["t"])], [_vi("x")], [_vi("y")])
     with pytest.raises(actorrt.ModelLoadError, match=r"node 'lr'.*actual: 'STRING'"):
         actorrt.InferenceSession(m)
+
+
+def test_ir3_model_saved_by_onnxruntimes_optimizer_loads_and_matches(tmp_path):
+    # an IR 3 model (every initializer a graph input, as IR 3 requires) whose
+    # constant subgraph onnxruntime folds into a new, unlisted initializer
+    w = numpy_helper.from_array(np.float32([1, 2, 3, 4]), "w")
+    m = _ir3(_model([helper.make_node("Exp", ["w"], ["e"]),
+                     helper.make_node("Add", ["x", "e"], ["y"])],
+                    [_vi("x"), _vi("w")], [_vi("y")], [w]))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "saved.onnx")
+    ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    saved = onnx.load(str(tmp_path / "saved.onnx"))
+    listed = {i.name for i in saved.graph.input}
+    assert saved.ir_version == 3
+    assert any(t.name not in listed for t in saved.graph.initializer)  # the case at hand
+    feeds = {"x": np.float32([-1, 2, -3, 4])}
+    for i in saved.graph.input:  # inputs the optimizer left without a consumer
+        if i.name != "x":
+            feeds[i.name] = np.float32([1, 2, 3, 4])
+    _run_both(saved, feeds)

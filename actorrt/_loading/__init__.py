@@ -16,6 +16,9 @@
   bodies with the wrong number of inputs or outputs, attributes of the wrong
   type, values assigned twice, domains without an opset import).
 
+* :mod:`.contrib_types` — not a check: after onnx's shape inference, the
+  value types behind com.microsoft nodes, which onnx has no schemas for.
+
 Every refusal is a :class:`~actorrt.ModelLoadError` naming the model and the
 tensor, node or value involved.
 """

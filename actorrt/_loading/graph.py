@@ -182,9 +182,14 @@ def check_graph_protos(proto: onnx.ModelProto, model: str) -> None:
 #: of topological order (the loader sorts them), declared types without a
 #: shape or an element type (the engine infers them; onnxruntime accepts
 #: them), and com.microsoft nodes without its opset import (onnxruntime
-#: imports that domain implicitly, at version 1, as the compiler does)
+#: imports that domain implicitly, at version 1, as the compiler does), and
+#: an IR version 3 model whose initializers are not all graph inputs (IR 3
+#: wants every initializer listed as an input; onnxruntime's optimizer writes
+#: new initializers without listing them and keeps the model's IR version,
+#: and onnxruntime loads such a file: an initializer is a constant either way)
 _REPAIRABLE = re.compile(r"topologically sorted|No opset import for domain 'com\.microsoft'|"
-                         r"Field '(shape|type|elem_type)' of '\w+' is required but missing")
+                         r"Field '(shape|type|elem_type)' of '\w+' is required but missing|"
+                         r"in initializer but not in graph input")
 #: checker findings that are not fatal (see the module docstring)
 _TOLERATED = re.compile(r"No Op registered for|deprecated|higher than the checker's|"
                         + _REPAIRABLE.pattern)
@@ -216,7 +221,8 @@ def _fill_type(tp: onnx.TypeProto) -> None:
 def _repaired_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto`` for the checker: graphs and functions list their
     nodes in topological order (stable; cycles left in place for the
-    checker), declared types have their required fields."""
+    checker), declared types have their required fields, and an IR 3 model's
+    initializers are all listed as graph inputs."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
 
@@ -254,6 +260,12 @@ def _repaired_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
         sort(g.node, known)
 
     graph(out.graph, set())
+    if out.ir_version < 4:  # IR 3: every initializer is also a graph input
+        listed = {v.name for v in out.graph.input}
+        for t in out.graph.initializer:
+            if t.name not in listed:
+                out.graph.input.append(onnx.helper.make_tensor_value_info(
+                    t.name, t.data_type, list(t.dims)))
     if not any(o.domain == _MS for o in out.opset_import):
         out.opset_import.add(domain=_MS, version=1)
     for f in out.functions:

@@ -6,11 +6,16 @@
   constants within 1e-6 of theirs, every intermediate read only inside.
 * :func:`fuse_attention` -- ``MatMul(q, k) -> Div/Mul(scalar) -> [Add(mask)]
   -> Softmax(last axis) -> MatMul(., v)`` -> ``ai.actorrt:ScaledDotAttention
-  (q, k, v[, mask], scale)``. Pre: float32, Softmax opset >= 13 over the last
-  axis, intermediates read only inside. Post: ``softmax(q @ k * scale + mask)
-  @ v`` in one kernel.
+  (q, k, v[, mask], scale)``; the first product may also be onnxruntime's
+  ``com.microsoft:FusedMatMul(q, k)`` (what its optimizer saves: ``alpha``
+  joins the scale, ``transB=1`` becomes ``transpose_k=1``; not with
+  ``transA`` or the batch transposes). Pre: float32, Softmax opset >= 13
+  over the last axis, intermediates read only inside. Post: ``softmax(q @ k
+  * scale + mask) @ v`` in one kernel.
 * :func:`fuse_matmul_epilogue` -- ``MatMul(A, B) -> Add(bias) [-> Gelu | Relu]``
-  with a constant ``bias`` over the last axis -> ``ai.actorrt:MatMulEpilogue``;
+  with a constant ``bias`` over the last axis, or ``MatMul(A, B) ->
+  com.microsoft:BiasGelu(., bias)`` (onnxruntime's saved form of the same)
+  -> ``ai.actorrt:MatMulEpilogue``;
   ``Gemm -> activation`` -> ``com.microsoft:FusedGemm``. Pre: float, the
   product read only by the Add, bias of N elements and rank <= the product's.
 * :func:`fuse_skip_layer_norm` -- ``Add(a, b) -> LayerNormalization(last
@@ -120,7 +125,10 @@ def fuse_gelu(ctx: OptContext) -> None:
 def fuse_attention(ctx: OptContext) -> None:
     """MatMul-scale-[mask]-Softmax-MatMul -> ``ai.actorrt:ScaledDotAttention``."""
     for mm in list(ctx.specs):
-        if not _binary(mm, "MatMul") or mm not in ctx.specs:
+        if mm not in ctx.specs:
+            continue
+        fused = _fused_matmul_scale(mm)
+        if not _binary(mm, "MatMul") and fused is None:
             continue
         q, k = mm.inputs
         if ctx.const(q) is not None or ctx.const(k) is not None:
@@ -129,13 +137,14 @@ def fuse_attention(ctx: OptContext) -> None:
             continue
         if (ctx.rank(q) or 0) < 2 or (ctx.rank(k) or 0) < 2:
             continue
-        members, cur, scale = [mm], mm.outputs[0], 1.0
+        members, cur = [mm], mm.outputs[0]
+        scale, transpose_k = fused if fused is not None else (1.0, 0)
         r = ctx.sole_reader(cur)
         scaled = True
         if _binary(r, "Div") and r.inputs[0] == cur and _scalar(ctx, r.inputs[1]):
-            scale = 1.0 / _scalar(ctx, r.inputs[1])
+            scale /= _scalar(ctx, r.inputs[1])
         elif _binary(r, "Mul") and _scalar(ctx, _other(r, cur)) is not None:
-            scale = _scalar(ctx, _other(r, cur))
+            scale *= _scalar(ctx, _other(r, cur))
         else:
             scaled = False
         if scaled:
@@ -152,8 +161,8 @@ def fuse_attention(ctx: OptContext) -> None:
             r = ctx.sole_reader(cur)
         if r is None or r.op_type != "Softmax" or r.domain != "" or r.opset < 13:
             continue
-        rank = ctx.rank(cur)
-        if rank is None or int(r.attr("axis", -1)) not in (-1, rank - 1):
+        rank, axis = ctx.rank(cur), int(r.attr("axis", -1))
+        if axis != -1 and (rank is None or axis != rank - 1):  # (unknown after a contrib op)
             continue
         members.append(r)
         cur = r.outputs[0]
@@ -165,9 +174,24 @@ def fuse_attention(ctx: OptContext) -> None:
             continue
         members.append(mm2)
         ins = [q, k, v] + ([mask] if mask else [])
+        at = {"scale": float(scale)}
+        if transpose_k:
+            at["transpose_k"] = 1
         new = ctx.make(mm, "ScaledDotAttention", ENGINE_DOMAIN, ins, [mm2.outputs[0]],
-                       {"scale": float(scale)}, name=mm.name + "/attention", opset=1)
+                       at, name=mm.name + "/attention", opset=1)
         ctx.replace(members, new)
+
+
+def _fused_matmul_scale(s: NodeSpec) -> tuple[float, int] | None:
+    """``(alpha, transB)`` of a com.microsoft FusedMatMul that is a plain
+    ``alpha * (a @ b)`` or ``alpha * (a @ b^T)`` over the last two axes; None
+    for any other node (or a FusedMatMul with ``transA`` / batch transposes)."""
+    if s.op_type != "FusedMatMul" or s.domain != MS or len(s.inputs) != 2 or \
+            len(s.outputs) != 1:
+        return None
+    if any(int(s.attr(a, 0)) for a in ("transA", "transBatchA", "transBatchB")):
+        return None
+    return float(s.attr("alpha", 1.0)), int(bool(s.attr("transB", 0)))
 
 
 def fuse_matmul_epilogue(ctx: OptContext) -> None:
@@ -193,16 +217,23 @@ def fuse_matmul_epilogue(ctx: OptContext) -> None:
         if b is None or b.ndim != 2:
             continue
         add = ctx.sole_reader(mm.outputs[0])
-        if not _binary(add, "Add"):
+        bias_gelu = add is not None and add.op_type == "BiasGelu" and add.domain == MS and \
+            len(add.inputs) == 2 and add.inputs[0] == mm.outputs[0] and len(add.outputs) == 1
+        if not _binary(add, "Add") and not bias_gelu:
             continue
         bias = ctx.const(_other(add, mm.outputs[0]))
         rank = ctx.rank(mm.outputs[0])
         if bias is None or bias.dtype != b.dtype or bias.size != b.shape[1] or \
-                bias.shape[-1:] != (b.shape[1],) or rank is None or bias.ndim > rank:
+                bias.shape[-1:] != (b.shape[1],) or \
+                (bias.ndim > 1 and (rank is None or bias.ndim > rank)):
+            continue  # (a 1-D bias fits any product; its rank is unknown after a contrib op)
+        if bias_gelu and bias.ndim != 1:
             continue
         members, out, at = [mm, add], add.outputs[0], {"activation": ""}
-        r = ctx.sole_reader(out)
-        if r is not None and r.op_type == "Gelu" and r.domain == MS and r.inputs == (out,):
+        r = None if bias_gelu else ctx.sole_reader(out)
+        if bias_gelu:  # Gelu(a @ b + bias) as one onnxruntime node
+            at = {"activation": "Gelu"}
+        elif r is not None and r.op_type == "Gelu" and r.domain == MS and r.inputs == (out,):
             members.append(r)
             out = r.outputs[0]
             at = {"activation": "Gelu"}

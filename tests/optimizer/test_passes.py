@@ -271,6 +271,66 @@ def test_attention(with_mask, scale_op):
     assert _check(m_, feeds, "ScaledDotAttention") == ["ScaledDotAttention"]
 
 
+def _ms(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, domain="com.microsoft", **attrs)
+
+
+@pytest.mark.parametrize("trans_b,with_mask,div", [(1, True, False), (0, False, True),
+                                                   (1, False, True), (0, True, False)])
+def test_attention_from_onnxruntimes_fused_matmul(trans_b, with_mask, div):
+    """onnxruntime saves its MatMul + Transpose + scale fusions as
+    com.microsoft FusedMatMul(q, k, alpha, transB): the attention fusion
+    takes it as the first product (alpha times any later scale)."""
+    b, h, s, t, d = 2, 3, 5, 7, 9
+    q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
+    k = RNG.standard_normal((b, h, t, d) if trans_b else (b, h, d, t)).astype(np.float32)
+    v = RNG.standard_normal((b, h, t, d + 2)).astype(np.float32)
+    mask = np.where(RNG.random((b, 1, 1, t)) < 0.3, -1e4, 0).astype(np.float32)
+    nodes = [_ms("FusedMatMul", ["q", "k"], ["s0"], alpha=0.37, transB=trans_b)]
+    cur, inits = "s0", []
+    if div:
+        inits.append(_init("sc", np.float32(1.7)))
+        nodes.append(helper.make_node("Div", [cur, "sc"], ["s1"]))
+        cur = "s1"
+    if with_mask:
+        nodes.append(helper.make_node("Add", [cur, "mask"], ["s2"]))
+        cur = "s2"
+    nodes += [helper.make_node("Softmax", [cur], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["out"])]
+    ins = [_vi("q", list(q.shape)), _vi("k", list(k.shape)), _vi("v", list(v.shape))]
+    feeds = {"q": q, "k": k, "v": v}
+    if with_mask:
+        ins.append(_vi("mask", list(mask.shape)))
+        feeds["mask"] = mask
+    m_ = _model(nodes, ins, [_vi("out", None)], inits)
+    assert _check(m_, feeds, "ScaledDotAttention") == ["ScaledDotAttention"]
+
+
+def test_fused_matmul_with_transposed_a_is_not_taken_as_attention():
+    q = RNG.standard_normal((2, 9, 5)).astype(np.float32)  # (batch, D, S): transA
+    k = RNG.standard_normal((2, 9, 7)).astype(np.float32)
+    v = RNG.standard_normal((2, 7, 4)).astype(np.float32)
+    nodes = [_ms("FusedMatMul", ["q", "k"], ["s"], alpha=0.5, transA=1),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["out"])]
+    m_ = _model(nodes, [_vi("q", [2, 9, 5]), _vi("k", [2, 9, 7]), _vi("v", [2, 7, 4])],
+                [_vi("out", None)], [])
+    feeds = {"q": q, "k": k, "v": v}
+    got, ops, _ = _ours(m_, feeds)
+    assert "ScaledDotAttention" not in ops and "FusedMatMul" in ops
+    np.testing.assert_allclose(got[0], _ort(m_, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_then_onnxruntimes_bias_gelu_is_one_epilogue():
+    k, n = 37, 53
+    a = RNG.standard_normal((2, 5, k)).astype(np.float32)
+    inits = [_init("W", RNG.standard_normal((k, n)).astype(np.float32) / 5),
+             _init("b", RNG.standard_normal(n).astype(np.float32))]
+    nodes = [helper.make_node("MatMul", ["a", "W"], ["p"]), _ms("BiasGelu", ["p", "b"], ["out"])]
+    m_ = _model(nodes, [_vi("a", list(a.shape))], [_vi("out", None)], inits)
+    assert _check(m_, {"a": a}, "MatMulEpilogue") == ["MatMulEpilogue"]
+
+
 def test_attention_probs_read_elsewhere_not_fused():
     q = RNG.standard_normal((1, 4, 6)).astype(np.float32)
     k = RNG.standard_normal((1, 6, 4)).astype(np.float32)

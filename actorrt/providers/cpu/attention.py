@@ -199,10 +199,12 @@ def _softmax_in(scores: np.ndarray, dtype: np.dtype) -> np.ndarray:
 # ============================================================ RotaryEmbedding
 
 @cpu_kernel("ScaledDotAttention", domain="ai.actorrt")
-def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
+def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0, transpose_k=0):
     """``softmax(q @ k * scale + mask) @ v`` over the last axis (engine op
     from the graph optimizer's MatMul-scale-[Add]-Softmax-MatMul fusion):
-    float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed),
+    float32 ``q (..., S, D)``, ``k (..., D, T)`` (already transposed; with
+    ``transpose_k=1`` ``k (..., T, D)``, as onnxruntime's FusedMatMul with
+    ``transB=1`` reads it, taken as a transposed view),
     ``v (..., T, Dv)``, additive ``mask`` broadcasting against ``(..., S, T)``.
     The scores are scaled, masked and normalized in place. At more than one
     intra-op thread, with the compiled partner threads (:mod:`._partner`)
@@ -213,6 +215,10 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0):
     largest batch axis (heads), each block's whole attention on one thread
     with one-thread BLAS."""
     from . import _matmul_split, _threads
+    if transpose_k:
+        if k.ndim < 2:
+            raise ValueError(f"ScaledDotAttention: transpose_k needs k of rank >= 2, got {k.shape}")
+        k = k.swapaxes(-1, -2)
     threads = _threads.current()
     if threads <= 1 or q.ndim < 3 or k.ndim < 2 or v.ndim < 2 or \
             (mask is not None and mask.ndim > max(q.ndim, k.ndim, v.ndim)):

@@ -2,7 +2,7 @@
 
 Spec: onnxruntime ContribOperators (com.microsoft opset 1): MatMulNBits,
 GroupQueryAttention, RotaryEmbedding, SkipSimplifiedLayerNormalization,
-SkipLayerNormalization, Gelu, FastGelu, QuickGelu, BiasGelu,
+SkipLayerNormalization, EmbedLayerNormalization, Gelu, FastGelu, QuickGelu, BiasGelu,
 GatherBlockQuantized; and onnxruntime's SimplifiedLayerNormalization, which
 it registers in the ai.onnx domain (opset 1). float16 / bfloat16 inputs are
 computed in float32 and cast back, as onnxruntime's CPU kernels do.
@@ -177,6 +177,52 @@ def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, *, epsilon=
     shp = _stats_shape(s)
     return (y.astype(dt, copy=False), mean.astype(np.float32).reshape(shp),
             inv.astype(np.float32).reshape(shp), s.astype(dt, copy=False))
+
+
+@cpu_kernel("EmbedLayerNormalization", domain=MS, multi_output=True)
+def EmbedLayerNormalization(input_ids, segment_ids, word_embedding, position_embedding,
+                            segment_embedding=None, gamma=None, beta=None, mask=None,
+                            position_ids=None, *, epsilon=1e-12, mask_index_type=1):
+    """com.microsoft EmbedLayerNormalization (BERT's embedding block as
+    onnxruntime's transformer optimizer fuses it): ``e = word_embedding[ids]
+    + position_embedding[pos] (+ segment_embedding[segment_ids])`` with
+    ``input_ids`` / ``segment_ids`` int32 ``(B, S)``, ``pos`` = ``position_ids``
+    ``(B | 1, S)`` or ``0 .. S-1``; outputs ``(LayerNorm(e) * gamma + beta``
+    ``(B, S, D)``, ``mask_index`` int32 ``(B,)`` = the nonzero count of each
+    ``mask`` row (zeros without a mask), ``e``).
+
+    Raises:
+        ValueError: an id outside its embedding table (named), ``gamma``
+            missing, ids not 2-D.
+    """
+    if gamma is None:
+        raise ValueError("EmbedLayerNormalization: gamma (input 5) is required")
+    ids = np.asarray(input_ids)
+    if ids.ndim != 2:
+        raise ValueError(f"EmbedLayerNormalization: input_ids must be (B, S), got {ids.shape}")
+    b, s = ids.shape
+    pos = np.arange(s)[None, :] if position_ids is None else np.asarray(position_ids)
+    tables = [("input_ids", ids, word_embedding), ("position_ids", np.broadcast_to(pos, (b, s)),
+                                                   position_embedding)]
+    if segment_ids is not None and segment_embedding is not None:
+        tables.append(("segment_ids", np.asarray(segment_ids), segment_embedding))
+    e = None
+    for name, idx, table in tables:
+        if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):
+            raise ValueError(f"EmbedLayerNormalization: {name} holds ids outside "
+                             f"[0, {table.shape[0]})")
+        rows = _f32(table)[idx]
+        e = rows if e is None else e + rows
+    mean = e.mean(axis=-1, keepdims=True)
+    d = e - mean
+    inv = 1.0 / np.sqrt(np.mean(np.square(d), axis=-1, keepdims=True) + np.float32(epsilon))
+    y = d * inv * _f32(gamma)
+    if beta is not None:
+        y = y + _f32(beta)
+    dt = word_embedding.dtype
+    mi = (np.count_nonzero(np.asarray(mask), axis=-1).astype(np.int32) if mask is not None
+          else np.zeros(b, np.int32))
+    return y.astype(dt, copy=False), mi, e.astype(dt, copy=False)
 
 
 # ---------------------------------------------------------------------- rotary

@@ -1,7 +1,9 @@
 """Matrix products (BLAS through numpy).
 
 Spec: ONNX MatMul (1, 9, 13), Gemm (1, 6, 7, 9, 11, 13), MatMulInteger (10),
-QLinearMatMul (10, 21), Einsum (12, 28), Det (11, 22).
+QLinearMatMul (10, 21), Einsum (12, 28), Det (11, 22); onnxruntime's contrib
+FusedGemm, FusedMatMul, DynamicQuantizeMatMul and MatMulIntegerToFloat
+(com.microsoft 1), which its graph optimizer writes into the models it saves.
 
 float32 / float64 products go to BLAS sgemm / dgemm: one call, or above a
 flop threshold per-thread blocks of one-thread calls (:mod:`._matmul_split`).
@@ -322,6 +324,76 @@ class MatMulEpilogue(Kernel):
         return self._act(y)
 
 
+def fused_matmul_operand(x: np.ndarray, trans_batch: bool, trans: bool) -> np.ndarray:
+    """FusedMatMul's view of an operand ``x`` (rank ``r``; a view, no copy):
+    with ``trans_batch`` and ``r > 2`` the first axis moves behind the other
+    batch axes (``(d0, d1, .., d[r-2], d[r-1])`` -> ``(d1, .., d[r-2], d0,
+    d[r-1])``), then with ``trans`` the last two axes swap. 1-D operands are
+    returned unchanged (MatMul's promotion rules apply to them)."""
+    r = x.ndim
+    if r < 2:
+        return x
+    perm = list(range(r))
+    if trans_batch and r > 2:
+        perm = list(range(1, r - 1)) + [0, r - 1]
+    if trans:
+        perm[-1], perm[-2] = perm[-2], perm[-1]
+    return x if perm == list(range(r)) else x.transpose(perm)
+
+
+@cpu_kernel("FusedMatMul", domain="com.microsoft")
+class FusedMatMul(Kernel):
+    """com.microsoft FusedMatMul (onnxruntime's contrib op; its optimizer fuses
+    ``MatMul`` with a ``Transpose`` of an input and with a scalar ``Mul`` /
+    ``Div`` into it): ``Y = alpha * matmul(A', B')`` with numpy ``matmul``
+    semantics (batch broadcasting), where ``A'`` / ``B'`` are the operands
+    viewed by :func:`fused_matmul_operand` (attributes ``transBatchA`` /
+    ``transA`` and ``transBatchB`` / ``transB``, default 0; ``alpha`` default
+    1.0). float32 / float64 through BLAS or the compiled GEMM (a constant 2-D
+    ``B`` is laid out once), float16 / bfloat16 multiplied in float32 and
+    rounded back. A ``K`` mismatch of ``A'`` and ``B'``, or ``transBatchA`` /
+    ``transBatchB`` on operands that are not of one rank >= 3 (onnxruntime's
+    rule), raises at run time (:class:`~actorrt.KernelError` naming the
+    node)."""
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        return MatMul.estimate_flops(node)
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self.alpha = float(node.attr("alpha", 1.0))
+        self.trans_a = (bool(node.attr("transBatchA", 0)), bool(node.attr("transA", 0)))
+        self.trans_b = (bool(node.attr("transBatchB", 0)), bool(node.attr("transB", 0)))
+        self._b_source: np.ndarray | None = None
+        self.constant_b: _matmul_split.ConstantOperand | None = None
+
+    def prepare(self, constants: Mapping[int, Any], shared: dict) -> None:
+        b = constants.get(1)
+        if isinstance(b, np.ndarray) and b.ndim == 2 and b.dtype in _BLAS_DTYPES:
+            if "fused_matmul_b" not in shared:
+                shared["fused_matmul_b"] = _matmul_split.ConstantOperand(
+                    np.ascontiguousarray(fused_matmul_operand(b, *self.trans_b)))
+            self._b_source, self.constant_b = b, shared["fused_matmul_b"]
+
+    def run(self, a, b):
+        if (self.trans_a[0] or self.trans_b[0]) and (a.ndim != b.ndim or a.ndim < 3):
+            raise ValueError(f"FusedMatMul: transBatchA / transBatchB need inputs of one rank "
+                             f">= 3, got A {a.shape} and B {b.shape}")
+        aa = fused_matmul_operand(a, *self.trans_a)
+        const = self.constant_b
+        if const is not None and b is self._b_source and aa.ndim >= 2 and aa.dtype == b.dtype:
+            y = const.product(aa)
+        else:
+            y = _matmul_any(aa, fused_matmul_operand(b, *self.trans_b))
+        if self.alpha != 1.0:
+            if y.dtype.kind == "f" and y.dtype in _BLAS_DTYPES:
+                y *= y.dtype.type(self.alpha)  # a fresh product: scaled in place
+            else:
+                y = (upcast(y) * np.float32(self.alpha)).astype(y.dtype)
+        return y
+
+
 # ------------------------------------------------------------ integer / quantized
 
 def _zero_point_rows(zp, a: np.ndarray) -> np.ndarray:
@@ -356,6 +428,45 @@ def _saturate_to(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
         return np.clip(np.rint(y), info.min, info.max).astype(dtype)
     finfo_max = float(np.finfo(dtype).max)
     return np.clip(y, -finfo_max, finfo_max).astype(dtype)
+
+
+def _float_of_int_product(acc: np.ndarray, a_scale, b_scale, bias) -> np.ndarray:
+    """``float32(acc) * (a_scale * b_scale) (+ bias)`` as onnxruntime's
+    integer-to-float kernels compute it: the scale product in float32, a
+    per-row ``a_scale`` ``(M,)`` or per-column ``b_scale`` ``(N,)``."""
+    sa = np.asarray(a_scale, np.float32)
+    sa = sa.reshape(-1, 1) if sa.size > 1 and acc.ndim >= 2 else sa.reshape(()) \
+        if sa.size == 1 else sa
+    scale = (sa * np.asarray(b_scale, np.float32)).astype(np.float32)
+    y = acc.astype(np.float32) * scale
+    if bias is not None:
+        y += np.asarray(bias, np.float32)
+    return y
+
+
+@cpu_kernel("MatMulIntegerToFloat", domain="com.microsoft")
+def MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None,
+                         bias=None):
+    """com.microsoft MatMulIntegerToFloat (onnxruntime's fusion of
+    MatMulInteger + Cast + Mul [+ Add]): ``float((A - a_zp) @ (B - b_zp)) *
+    a_scale * b_scale (+ bias)`` with 8-bit ``A`` / ``B`` (numpy matmul
+    ranks), scales and zero points per tensor, ``a_*`` per row of A or
+    ``b_*`` per column of B; float32 out. The integer product is exact
+    (float64 BLAS, as :func:`MatMulInteger`)."""
+    acc = np.matmul(_centered(A, a_zero_point, True), _centered(B, b_zero_point, False))
+    return _float_of_int_product(np.asarray(acc), a_scale, b_scale, bias)
+
+
+@cpu_kernel("DynamicQuantizeMatMul", domain="com.microsoft")
+def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
+    """com.microsoft DynamicQuantizeMatMul (onnxruntime's fusion of
+    DynamicQuantizeLinear + MatMulInteger + scale [+ bias]): float32 ``A``
+    quantized to uint8 as ONNX DynamicQuantizeLinear does (scale
+    ``(max(0, max A) - min(0, min A)) / 255``), then
+    :func:`MatMulIntegerToFloat` with the 8-bit ``B``. float32 out."""
+    from .quantize import DynamicQuantizeLinear as _dql
+    qa, a_scale, a_zp = _dql(A)
+    return MatMulIntegerToFloat(qa, B, a_scale, b_scale, a_zp, b_zero_point, bias)
 
 
 @cpu_kernel("QLinearMatMul", since=(10, 21))

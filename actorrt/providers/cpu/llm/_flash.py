@@ -190,13 +190,13 @@ if HAVE_FLASH:
         (TK, Dp) a key and a value tile; sc (TK, R) a tile's scores,
         transposed, then its weights; st (5, R) per row the running max, the
         tile's max, the rescale factor, the tile's sum, the running sum;
-        lh (2, R) int64 per row its first and end key; acc (R, Dp) the
+        lh (2, R) int32 per row its first and end key; acc (R, Dp) the
         running output), float32 unless said; zeros (the pads stay zero)."""
         r = (TQ * g + LANES - 1) // LANES * LANES
         dp = (d + LANES - 1) // LANES * LANES
         f32 = np.float32
         return (np.zeros((dp, r), f32), np.zeros((TK, dp), f32), np.zeros((TK, dp), f32),
-                np.zeros((TK, r), f32), np.zeros((5, r), f32), np.zeros((2, r), np.int64),
+                np.zeros((TK, r), f32), np.zeros((5, r), f32), np.zeros((2, r), np.int32),
                 np.zeros((r, dp), f32))
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
@@ -285,10 +285,11 @@ if HAVE_FLASH:
             # keys (the later ones are above every row's range)
             for j in range(0, n4, 4):
                 _mm(kt, j * dp, dp, 1, qt, 0, nr, d, sc, j * nr, nr, 0, nr)
+            # the online softmax, lane-wise (each loop over r vectorized)
+            full = lo_max <= t0 and hi_min >= t0 + n4  # no row of [q0, q1) masked
             for r in range(nr):
                 tm[r] = _NEG
-            if lo_max <= t0 and hi_min >= t0 + n4:
-                # every row of [q0, q1) sees every key: no mask
+            if full:
                 for j in range(n4):
                     sr = sc[j]
                     for r in range(nr):
@@ -306,14 +307,22 @@ if HAVE_FLASH:
                 corr[r] = _expf(mx[r] - m_new)
                 mx[r] = m_new
                 tsum[r] = 0.0
-            for j in range(n4):
-                t = t0 + j
-                sr = sc[j]
-                for r in range(nr):
-                    p = _expf(sr[r] - mx[r])
-                    p = p if (t >= lo_r[r] and t < hi_r[r]) else np.float32(0.0)
-                    sr[r] = p
-                    tsum[r] += p
+            if full:
+                for j in range(n4):
+                    sr = sc[j]
+                    for r in range(nr):
+                        p = _expf(sr[r] - mx[r])
+                        sr[r] = p
+                        tsum[r] += p
+            else:
+                for j in range(n4):
+                    t = t0 + j
+                    sr = sc[j]
+                    for r in range(nr):
+                        p = _expf(sr[r] - mx[r])
+                        p = p if (t >= lo_r[r] and t < hi_r[r]) else np.float32(0.0)
+                        sr[r] = p
+                        tsum[r] += p
             for r in range(nr):
                 den[r] = den[r] * corr[r] + tsum[r]
                 c = corr[r]

@@ -56,7 +56,7 @@ __all__ = ["HAVE_FLASH", "NO_TABLE", "TQ", "TK", "n_tiles"]
 
 HAVE_FLASH = _nb.HAVE_NUMBA
 #: query positions a work item (its rows are TQ x the group's query heads)
-TQ = 16
+TQ = 32
 #: keys a K/V tile
 TK = 64
 #: float32 lanes of the tile products' vectors (a zmm; two ymm on AVX2)

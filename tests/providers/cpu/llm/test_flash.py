@@ -61,8 +61,8 @@ async def test_tiled_prompt_attention_equals_onnxruntime(name):
 
 # head widths and group sizes (onnxruntime takes multiples of 16): 48 (the
 # P.V product in one block of 48 columns) with 2 query heads a KV head,
-# SmolLM2's 64 with its 3 (48 query rows a tile), 128 (two 64-column blocks)
-# with 5 (80 rows: one block of 64 and one of 16)
+# SmolLM2's 64 with its 3, 128 (two 64-column blocks) with 5 (TQ * 5 query
+# rows: 64-column blocks of the scores and a tail block)
 SHAPES = {"d48-g2": (4, 2, 48), "d64-g3": (9, 3, 64), "d128-g5": (5, 1, 128)}
 
 

@@ -4,9 +4,14 @@ prefix caching off), and its attention alone on SmolLM2's shapes (9 query
 heads, 3 KV heads of 64, x 30 layers, random queries/keys/values): the
 tiled kernel (``_flash``, what prompts run) and the two-pass per (batch row,
 KV head) kernel prompts ran before (``_contrib_numba._attend_group``, what
-decode rows still run), at 1 and 2 threads, in the same run.
+decode rows still run), at 1 and 2 threads, in the same run. With
+``--stages``, also the engine's prefill split per decoder-stack stage (30
+layers summed: thread-ms working and waiting at the stage's barrier, from the
+region's cycle counters, the ``_fusion.STAGE_PROFILE`` hook) and each
+projection's multiply-add rate over the team's working time.
 
     python benchmarks/profile_prefill.py [--lengths 512,2048,4096] [--threads 1,2]
+        [--stages] [--no-engine]
 """
 
 from __future__ import annotations
@@ -84,7 +89,12 @@ def attention_times(n: int, threads: int, reps: int = 2) -> tuple[float, float]:
         nb.set_num_threads(None)
 
 
-async def prefill_rate(n: int, threads: int) -> float:
+#: multiply-adds a row of each projection stage of SmolLM2-135M (N x K)
+STAGE_MACS = {"q/k/v proj": (576 + 2 * 192) * 576, "o proj": 576 * 576,
+              "gate/up proj": 2 * 1536 * 576, "down proj": 576 * 1536}
+
+
+async def prefill_rate(n: int, threads: int, stages: dict | None = None) -> float:
     from actorrt.genai import SamplingParams, open_engine
     from actorrt.genai.models import prepare_model
     from actorrt.genai.tokenizer import load_tokenizer
@@ -97,8 +107,19 @@ async def prefill_rate(n: int, threads: int) -> float:
         async with open_engine(folder, max_batch=1, prefix_caching=False) as engine:
             one = SamplingParams(max_new_tokens=1, ignore_eos=True)
             await engine.generate(ids[:64], one)
-            return max([(await engine.generate(ids, one)).prompt_tokens_per_s
+            rate = max([(await engine.generate(ids, one)).prompt_tokens_per_s
                         for _ in range(2)])
+            if stages is not None:  # one more prefill, its stages timed
+                from actorrt.providers.cpu.llm import _block_kernels as bk, _fusion
+                from profile_decode import _calibrate, stage_split
+                prof = _fusion.STAGE_PROFILE = np.zeros((31, bk.PROFILE_SLOTS), np.int64)
+                try:
+                    await engine.generate(ids, one)
+                finally:
+                    _fusion.STAGE_PROFILE = None
+                hz = _calibrate()
+                stages.update({k: (w / hz, x / hz) for k, (w, x) in stage_split(prof).items()})
+            return rate
     finally:
         nb.set_num_threads(None)
 
@@ -108,15 +129,29 @@ def main() -> None:
     ap.add_argument("--lengths", default="2048")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--no-engine", action="store_true", help="the attention kernels only")
+    ap.add_argument("--stages", action="store_true", help="the engine's prefill per stage")
     args = ap.parse_args()
+    split = {}
     print(f"{'tokens':>6} {'thr':>3} {'prefill s':>9} {'tiled attn s':>12} {'share':>6} "
           f"{'two-pass s':>10} {'share':>6} {'two-pass/tiled':>14}")
     for n in [int(x) for x in args.lengths.split(",")]:
         for th in [int(x) for x in args.threads.split(",")]:
-            total = float("nan") if args.no_engine else n / trio.run(prefill_rate, n, th)
+            st = {} if args.stages else None
+            total = float("nan") if args.no_engine else n / trio.run(prefill_rate, n, th, st)
             t, o = attention_times(n, th)
             print(f"{n:6d} {th:3d} {total:9.2f} {t:12.2f} {t / total:6.0%} {o:10.2f} "
                   f"{o / (total - t + o):6.0%} {o / t:14.2f}", flush=True)
+            if st:
+                split[(n, th)] = st
+    for (n, th), st in split.items():
+        print(f"{n} tokens, {th} threads, per stage (30 layers): thread-ms working / waiting;"
+              " GMAC/s over the working time")
+        for name, (w, x) in st.items():
+            rate = (f"{STAGE_MACS[name] * n * 30 / w / 1e9:7.1f}" if name in STAGE_MACS
+                    else "")
+            print(f"  {name:22s} {w * 1e3:8.1f} {x * 1e3:8.1f} {rate}")
+        print(f"  {'all':22s} {sum(w for w, _ in st.values()) * 1e3:8.1f} "
+              f"{sum(x for _, x in st.values()) * 1e3:8.1f}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MB")
 

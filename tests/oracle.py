@@ -31,7 +31,8 @@ def make_node_model(op_type: str, inputs: dict[str, np.ndarray], outputs: Sequen
     return helper.make_model(graph, opset_imports=imports)
 
 
-def run_actorrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **kw) -> list:
+def run_actorrt(model, feeds: dict[str, np.ndarray], **kw) -> list:
+    """actorrt on ``model`` (a ``ModelProto``, its bytes or a path)."""
     with actorrt.InferenceSession(model, **kw) as sess:
         return sess.run(None, feeds)
 
@@ -48,6 +49,19 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> lis
     sess = ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def run_onnxruntime_unoptimized(model, feeds: dict[str, np.ndarray]) -> list:
+    """onnxruntime's CPU provider on ``model`` (a ``ModelProto``, its bytes or
+    a path) with its graph optimizations off (``ORT_DISABLE_ALL``), so its
+    own kernel for each node is the reference."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), so,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def assert_close(got: Sequence[Any], want: Sequence[Any], *, rtol: float = 1e-4,

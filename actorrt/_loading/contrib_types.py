@@ -65,19 +65,14 @@ def _set(v: ir.Value, tp: onnx.TypeProto) -> None:
 
 
 def _permuted(tp: onnx.TypeProto, trans_batch: bool, trans: bool) -> onnx.TypeProto | None:
-    """FusedMatMul's view of an operand type (see ``matmul.fused_matmul_operand``)."""
+    """FusedMatMul's view of an operand type (the kernel's own axis order,
+    ``matmul.fused_matmul_perm``)."""
+    from ..providers.cpu.matmul import fused_matmul_perm
     t = tp.tensor_type
     if not t.HasField("shape"):
         return None
     dims = list(t.shape.dim)
-    r = len(dims)
-    if r < 2:
-        return tp
-    perm = list(range(r))
-    if trans_batch and r > 2:
-        perm = list(range(1, r - 1)) + [0, r - 1]
-    if trans:
-        perm[-1], perm[-2] = perm[-2], perm[-1]
+    perm = fused_matmul_perm(len(dims), trans_batch, trans)
     out = onnx.TypeProto()
     out.tensor_type.elem_type = t.elem_type
     for i in perm:

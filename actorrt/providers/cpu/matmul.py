@@ -324,21 +324,27 @@ class MatMulEpilogue(Kernel):
         return self._act(y)
 
 
-def fused_matmul_operand(x: np.ndarray, trans_batch: bool, trans: bool) -> np.ndarray:
-    """FusedMatMul's view of an operand ``x`` (rank ``r``; a view, no copy):
-    with ``trans_batch`` and ``r > 2`` the first axis moves behind the other
+def fused_matmul_perm(rank: int, trans_batch: bool, trans: bool) -> list[int]:
+    """The axis order FusedMatMul reads an operand of ``rank`` in: with
+    ``trans_batch`` and ``rank > 2`` the first axis moves behind the other
     batch axes (``(d0, d1, .., d[r-2], d[r-1])`` -> ``(d1, .., d[r-2], d0,
-    d[r-1])``), then with ``trans`` the last two axes swap. 1-D operands are
-    returned unchanged (MatMul's promotion rules apply to them)."""
-    r = x.ndim
-    if r < 2:
-        return x
-    perm = list(range(r))
-    if trans_batch and r > 2:
-        perm = list(range(1, r - 1)) + [0, r - 1]
+    d[r-1])``), then with ``trans`` the last two axes swap; rank < 2 stays
+    as it is (MatMul's promotion rules apply)."""
+    perm = list(range(rank))
+    if rank < 2:
+        return perm
+    if trans_batch and rank > 2:
+        perm = list(range(1, rank - 1)) + [0, rank - 1]
     if trans:
         perm[-1], perm[-2] = perm[-2], perm[-1]
-    return x if perm == list(range(r)) else x.transpose(perm)
+    return perm
+
+
+def fused_matmul_operand(x: np.ndarray, trans_batch: bool, trans: bool) -> np.ndarray:
+    """FusedMatMul's view of an operand ``x`` (:func:`fused_matmul_perm`; a
+    view, no copy)."""
+    perm = fused_matmul_perm(x.ndim, trans_batch, trans)
+    return x if perm == list(range(x.ndim)) else x.transpose(perm)
 
 
 @cpu_kernel("FusedMatMul", domain="com.microsoft")

@@ -6,11 +6,11 @@ scale and mask_filter_value, float16; and the refused configurations."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
+from tests.oracle import run_actorrt, run_onnxruntime_unoptimized
 
 RNG = np.random.default_rng(77)
 B, S, D, H = 2, 5, 24, 3
@@ -31,15 +31,8 @@ def _model(inputs, attrs, n_out=1, inits=(), dtype=TP.FLOAT):
                              ).SerializeToString()
 
 
-def _ort(model, feeds):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def _ours(model, feeds):
-    with actorrt.InferenceSession(model) as s:
-        return s.run(None, feeds)
+_ort = run_onnxruntime_unoptimized
+_ours = run_actorrt
 
 
 def _vi(name, arr, dt=TP.FLOAT):

@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
+from tests.oracle import run_actorrt, run_onnxruntime_unoptimized
 from actorrt.providers.cpu import _sgemm_numba as sg
 
 RNG = np.random.default_rng(33)
@@ -55,14 +56,11 @@ def _model(attrs, a_shape, b_shape=None, b_const=None, dtype=TP.FLOAT):
 
 
 def _ort(model, feeds):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return run_onnxruntime_unoptimized(model, feeds)[0]
 
 
 def _ours(model, feeds):
-    with actorrt.InferenceSession(model) as s:
-        return s.run(None, feeds)[0]
+    return run_actorrt(model, feeds)[0]
 
 
 @pytest.mark.parametrize("ta,tb,tba,tbb", list(itertools.product((0, 1), repeat=4)))

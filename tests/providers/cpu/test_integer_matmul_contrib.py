@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
+from tests.oracle import run_actorrt, run_onnxruntime_unoptimized
 
 RNG = np.random.default_rng(8)
 _NP2TP = {np.dtype(np.int8): TP.INT8, np.dtype(np.uint8): TP.UINT8,
@@ -34,14 +35,11 @@ def _model(op, names, feeds, inits):
 
 
 def _ort(model, feeds):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return run_onnxruntime_unoptimized(model, feeds)[0]
 
 
 def _ours(model, feeds):
-    with actorrt.InferenceSession(model) as s:
-        return s.run(None, feeds)[0]
+    return run_actorrt(model, feeds)[0]
 
 
 def _b(dt, k, n):

@@ -1,6 +1,7 @@
-"""Atomic and spin-wait intrinsics shared by the CPU provider's compiled
-thread teams: the partner threads of :mod:`._partner` and the fused decoder
-stack's stage barriers (:mod:`.llm._block_kernels`, :mod:`.llm._spin`).
+"""Atomic, spin-wait and prefetch intrinsics shared by the CPU provider's
+compiled kernels: the partner threads of :mod:`._partner`, the fused decoder
+stack's stage barriers (:mod:`.llm._block_kernels`, :mod:`.llm._spin`) and
+its weight / KV-cache prefetches (:mod:`.llm._paged_kernels`).
 
 All operate on int64 array slots (a control word / counter array the threads
 share) and are usable only inside numba-compiled code:
@@ -17,6 +18,8 @@ share) and are usable only inside numba-compiled code:
   machine with more runnable threads than cores the waiting thread hands
   its core to the one it waits for). Both int64.
 * ``backoff(spins, pauses)``: ``pause_or_yield`` and ``spins + 1``.
+* ``prefetch_line(arr, offset)``: a read prefetch (every cache level) of
+  the cache line at byte ``offset`` of any array ``arr``: a hint.
 
 ``sched_yield`` is reached through a symbol this module registers with LLVM
 (``actorrt_sched_yield``, libc's address) at import, before any kernel using
@@ -34,7 +37,7 @@ import ctypes
 import platform
 
 __all__ = ["HAVE_NUMBA", "HAVE_YIELD", "atomic_add", "backoff", "cycles", "load_acquire",
-           "pause_or_yield", "store_release"]
+           "pause_or_yield", "prefetch_line", "store_release"]
 
 try:
     from llvmlite import ir as _ir
@@ -85,6 +88,21 @@ if HAVE_NUMBA:
             builder.store_atomic(args[2], builder.gep(data, [args[1]]), "release", 8)
             return context.get_dummy_value()
         return _types.none(arr, _types.int64, _types.int64), codegen
+
+    @_intrinsic
+    def prefetch_line(typingctx, arr, offset):
+        """Prefetch the cache line at byte ``offset`` of ``arr`` (a hint)."""
+        def codegen(context, builder, sig, args):
+            i8p = _ir.IntType(8).as_pointer()
+            i32 = _ir.IntType(32)
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            fn = _cgutils.get_or_insert_function(
+                builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(fn, [builder.gep(builder.bitcast(data, i8p), [args[1]]),
+                              _ir.Constant(i32, 0), _ir.Constant(i32, 3), _ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+        return _types.none(arr, _types.int64), codegen
 
     @_intrinsic
     def cycles(typingctx):

@@ -121,15 +121,14 @@ if _nb.HAVE_NUMBA:
 
 
 if _i8.HAVE_INT8_DOT:
-    from llvmlite import ir as _ir
     from numba import carray, prange, types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
-    # the shared intrinsics (atomic add, acquire load, cycle counter)
+    # the shared intrinsics (atomic add, acquire load, cycle counter, prefetch)
     from .._atomics import atomic_add as _atomic_add
     from .._atomics import cycles as _cycles
     from .._atomics import load_acquire as _atomic_get
+    from .._atomics import prefetch_line as _prefetch_line
 
     @njit(nogil=True, cache=True, inline="always")
     def _claim(ctr, stage):  # pragma: no cover - compiled
@@ -165,21 +164,6 @@ if _i8.HAVE_INT8_DOT:
         while _atomic_get(ctr, 2 * stage + 1) < n:
             spins = _spin.backoff(spins)
         _timed(ctr, stage, t1)
-
-    @intrinsic
-    def _prefetch_line(typingctx, arr, offset):
-        """Prefetch the cache line at byte ``offset`` of ``arr`` (a hint)."""
-        def codegen(context, builder, sig, args):
-            i8p = _ir.IntType(8).as_pointer()
-            i32 = _ir.IntType(32)
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            fn = cgutils.get_or_insert_function(
-                builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
-                "llvm.prefetch.p0")
-            builder.call(fn, [builder.gep(builder.bitcast(data, i8p), [args[1]]),
-                              _ir.Constant(i32, 0), _ir.Constant(i32, 3), _ir.Constant(i32, 1)])
-            return context.get_dummy_value()
-        return types.none(arr, types.int64), codegen
 
     @njit(nogil=True, cache=True, inline="always")
     def _wait_warm(ctr, stage, n, w0, w1, pf):  # pragma: no cover - compiled

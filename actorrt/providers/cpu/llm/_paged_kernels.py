@@ -41,36 +41,19 @@ HAVE_PAGED = _nb.HAVE_NUMBA
 PREFETCH_ROWS = 16
 
 if HAVE_PAGED:
-    from llvmlite import ir as _ir
-    from numba import njit, prange, types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
+    from numba import njit, prange
+
+    from .._atomics import prefetch_line as _prefetch_line
 
     _rotate, _expf = _nb._rotate, _nb._expf
     kv_get, kv_put = _half.kv_get, _half.kv_put
-
-    @intrinsic
-    def _prefetch_at(typingctx, row, e):
-        """Prefetch (into every cache level) the cache line of element ``e``
-        of a 1-D pool row: a hint."""
-        def codegen(context, builder, sig, args):
-            i8p = _ir.IntType(8).as_pointer()
-            i32 = _ir.IntType(32)
-            data = context.make_array(sig.args[0])(context, builder, args[0]).data
-            fn = cgutils.get_or_insert_function(
-                builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
-                "llvm.prefetch.p0")
-            builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p),
-                              i32(0), i32(3), i32(1)])
-            return context.get_dummy_value()
-        return types.none(row, types.int64), codegen
 
     @njit(nogil=True, cache=True, inline="always")
     def _prefetch_row(row):  # pragma: no cover - compiled
         # every cache line of a contiguous pool row (16 values a step: a
         # float32 line; a float16 row's lines twice)
         for e in range(0, row.shape[0], 16):
-            _prefetch_at(row, e)
+            _prefetch_line(row, e * row.itemsize)
 
     @njit(fastmath=True, nogil=True, cache=True, inline="always")
     def append_paged(key, value, kpool, vpool, bt, cos, sin, pos, past, tot, b, kh, d, s_len,

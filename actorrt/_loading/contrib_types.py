@@ -19,6 +19,22 @@ them in:
   ``MatMulIntegerToFloat``) is onnx ``MatMul`` on its
   permuted operands, ``FusedGemm`` onnx ``Gemm``, ``FusedConv`` onnx ``Conv``
   (their activation attributes dropped);
+* the LLM and quantized contrib ops of onnxruntime-genai and
+  ``quantize_static`` / ``quantize_dynamic`` models: ``MatMulNBits``
+  ``(..., N)`` of input 0's dtype; ``GatherBlockQuantized`` (``gather_axis``
+  0) ``indices.shape + (K,)`` of the scales' dtype; ``MultiHeadAttention``
+  and ``GroupQueryAttention`` output 0 ``(B, S, heads * head_size)`` and the
+  present key/value ``(B, kv_heads, ?, head_size)``; ``QLinearAdd`` /
+  ``QLinearMul`` by onnx ``Add``'s broadcast, ``QLinearSigmoid`` /
+  ``QLinearLeakyRelu`` / ``QLinearSoftmax`` input 0's type,
+  ``QLinearAveragePool`` / ``QLinearGlobalAveragePool`` / ``QLinearConcat``
+  by onnx ``AveragePool`` / ``GlobalAveragePool`` / ``Concat`` in input 0's
+  dtype, ``QGemm`` by onnx ``Gemm`` (float32 out without ``y_scale``, else
+  ``y_zero_point``'s dtype), com.microsoft ``QuantizeLinear`` /
+  ``DequantizeLinear`` as onnx's;
+* onnxruntime's ``SimplifiedLayerNormalization`` (which it registers in the
+  onnx domain, where onnx has no schema): ``Y`` input 0's type,
+  ``inv_std_var`` float32 with the normalized axes kept as 1;
 * onnx ops by onnx's own per-node inference
   (``onnx.shape_inference.infer_node_outputs``), with small integer
   constants given as input data (``Reshape`` shapes and the like).
@@ -144,6 +160,207 @@ def _attr_values(node: ir.Node, keep=None) -> dict:
     return out
 
 
+def _tp(elem: int, dims) -> onnx.TypeProto:
+    """A tensor TypeProto: ``dims`` items are ints, dim names, None
+    (unknown) or ``TensorShapeProto.Dimension`` messages."""
+    out = onnx.TypeProto()
+    out.tensor_type.elem_type = elem
+    shape = out.tensor_type.shape
+    for d in dims:
+        dim = shape.dim.add()
+        if isinstance(d, onnx.TensorShapeProto.Dimension):
+            dim.CopyFrom(d)
+        elif isinstance(d, int):
+            dim.dim_value = d
+        elif isinstance(d, str):
+            dim.dim_param = d
+    return out
+
+
+def _dims(tp: onnx.TypeProto | None):
+    """The dimension messages of a ranked tensor type, else None."""
+    if tp is None or not tp.tensor_type.HasField("shape"):
+        return None
+    return list(tp.tensor_type.shape.dim)
+
+
+def _val(d) -> int | None:
+    return d.dim_value if d is not None and d.HasField("dim_value") else None
+
+
+def _as_elem(tp: onnx.TypeProto, elem: int) -> onnx.TypeProto:
+    out = onnx.TypeProto()
+    out.CopyFrom(tp)
+    out.tensor_type.elem_type = elem
+    return out
+
+
+def _matmul_nbits(node, types):
+    a = _dims(types[0])
+    n = node.attributes.get_int("N", None)
+    if a is None or n is None:
+        return {}
+    return {0: _tp(types[0].tensor_type.elem_type, a[:-1] + [int(n)])}
+
+
+def _gather_block_quantized(node, types):
+    data, idx = _dims(types[0]), _dims(types[1])
+    if data is None or idx is None or len(types) < 3 or types[2] is None or len(data) != 2:
+        return {}
+    at = node.attributes
+    if at.get_int("gather_axis", 0) != 0 or at.get_int("quantize_axis", 1) not in (1, -1):
+        return {}
+    bits = int(at.get_int("bits", 4))
+    k = _val(data[1])
+    if k is None:
+        return {}
+    # uint8 data packs 8 // bits values a byte; int4/uint4 data holds one each
+    per = 8 // bits if types[0].tensor_type.elem_type == onnx.TensorProto.UINT8 else 1
+    return {0: _tp(types[2].tensor_type.elem_type, idx + [k * per])}
+
+
+def _present(b, heads, head_size):
+    return [b, heads, None, head_size]
+
+
+def _multi_head_attention(node, types):
+    q = _dims(types[0])
+    heads = node.attributes.get_int("num_heads", None)
+    if q is None or len(q) != 3 or heads is None:
+        return {}
+    elem = types[0].tensor_type.elem_type
+    k = _dims(types[1]) if len(types) > 1 else None
+    v = _dims(types[2]) if len(types) > 2 else None
+    dv = None
+    if v is not None and len(v) == 3:
+        dv = _val(v[2])
+    elif v is not None and len(v) == 4:
+        dv = None if _val(v[3]) is None else heads * _val(v[3])
+    elif v is None and k is not None and len(k) == 5:  # packed KV (B, L, N, 2, H)
+        dv = None if _val(k[4]) is None else heads * _val(k[4])
+    elif v is None and k is None:
+        dv = _val(q[2])
+    if dv is None:
+        return {}
+    out = {0: _tp(elem, [q[0], q[1], dv])}
+    dk = _val(q[2])
+    if dk is not None and dk % heads == 0 and dv % heads == 0:
+        for i, h in ((1, dk // heads), (2, dv // heads)):
+            out[i] = _tp(elem, _present(q[0], heads, h))
+    return out
+
+
+def _group_query_attention(node, types):
+    q = _dims(types[0])
+    at = node.attributes
+    heads, kv = at.get_int("num_heads", None), at.get_int("kv_num_heads", None)
+    if q is None or len(q) != 3 or not heads or not kv or _val(q[2]) is None:
+        return {}
+    k = _dims(types[1]) if len(types) > 1 and types[1] is not None else None
+    if k is not None:
+        if len(k) != 3 or _val(k[2]) is None:
+            return {}
+        h = _val(k[2]) // kv
+    else:  # packed QKV: (B, S, (heads + 2 kv) * H)
+        h = _val(q[2]) // (heads + 2 * kv)
+    elem = types[0].tensor_type.elem_type
+    return {0: _tp(elem, [q[0], q[1], heads * h]), 1: _tp(elem, _present(q[0], kv, h)),
+            2: _tp(elem, _present(q[0], kv, h))}
+
+
+def _qlinear_binary(node, types):
+    if len(types) < 4 or types[0] is None or types[3] is None:
+        return {}
+    got = _onnx_infer("Add", "", 14, ["a", "b"], ["y"], {}, {"a": types[0], "b": types[3]}, {})
+    return {0: got["y"]} if "y" in got else {}
+
+
+def _float_op_in(base: str, opset: int, keep, tp_in: list, node, elem: int):
+    """Infer ``base`` on float32 views of the inputs and give its output
+    ``elem``."""
+    names = [f"i{k}" for k in range(len(tp_in))]
+    feed = {n: _as_elem(t, onnx.TensorProto.FLOAT) for n, t in zip(names, tp_in)}
+    got = _onnx_infer(base, "", opset, names, ["y"], _attr_values(node, keep), feed, {})
+    return {0: _as_elem(got["y"], elem)} if "y" in got else {}
+
+
+def _qlinear_average_pool(node, types):
+    if node.attributes.get_int("channels_last", 0):
+        return {}
+    keep = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
+    return _float_op_in("AveragePool", 19, keep, [types[0]], node,
+                        types[0].tensor_type.elem_type)
+
+
+def _qlinear_global_average_pool(node, types):
+    if node.attributes.get_int("channels_last", 0):
+        return {}
+    return _float_op_in("GlobalAveragePool", 1, (), [types[0]], node,
+                        types[0].tensor_type.elem_type)
+
+
+def _qlinear_concat(node, types):
+    xs = types[2::3]
+    if not xs or any(t is None for t in xs):
+        return {}
+    return _float_op_in("Concat", 13, ("axis",), xs, node, xs[0].tensor_type.elem_type)
+
+
+def _qgemm(node, types):
+    if len(types) < 6 or types[0] is None or types[3] is None:
+        return {}
+    ins = [types[0], types[3]] + ([types[6]] if len(types) > 6 and types[6] is not None else [])
+    if len(types) > 7 and types[7] is not None:
+        elem = types[8].tensor_type.elem_type if len(types) > 8 and types[8] is not None \
+            else onnx.TensorProto.UINT8
+    else:
+        elem = onnx.TensorProto.FLOAT
+    return _float_op_in("Gemm", 13, ("transA", "transB"), ins, node, elem)
+
+
+def _quantize_linear(node, types):
+    if types[0] is None or _dims(types[0]) is None:
+        return {}
+    elem = types[2].tensor_type.elem_type if len(types) > 2 and types[2] is not None \
+        else onnx.TensorProto.UINT8
+    return {0: _tp(elem, _dims(types[0]))}
+
+
+def _dequantize_linear(node, types):
+    if types[0] is None or _dims(types[0]) is None or len(types) < 2 or types[1] is None:
+        return {}
+    return {0: _tp(types[1].tensor_type.elem_type, _dims(types[0]))}
+
+
+def _like_input0(node, types):
+    return {0: types[0]} if types and types[0] is not None else {}
+
+
+#: com.microsoft op -> rule(node, input types) -> {output index: type}
+_RULES = {"MatMulNBits": _matmul_nbits, "GatherBlockQuantized": _gather_block_quantized,
+          "MultiHeadAttention": _multi_head_attention,
+          "GroupQueryAttention": _group_query_attention,
+          "QLinearAdd": _qlinear_binary, "QLinearMul": _qlinear_binary,
+          "QLinearSigmoid": _like_input0, "QLinearLeakyRelu": _like_input0,
+          "QLinearSoftmax": _like_input0, "QLinearAveragePool": _qlinear_average_pool,
+          "QLinearGlobalAveragePool": _qlinear_global_average_pool,
+          "QLinearConcat": _qlinear_concat, "QGemm": _qgemm,
+          "QuantizeLinear": _quantize_linear, "DequantizeLinear": _dequantize_linear}
+
+
+def _simplified_layer_norm(node, types):
+    """onnxruntime's SimplifiedLayerNormalization (onnx domain, no onnx schema)."""
+    x = _dims(types[0]) if types and types[0] is not None else None
+    if x is None:
+        return {}
+    out = {0: types[0]}
+    axis = node.attributes.get_int("axis", -1)
+    axis = axis + len(x) if axis < 0 else axis
+    if 0 <= axis < len(x) and len(node.outputs) > 1:
+        out[1] = _tp(onnx.TensorProto.FLOAT, x[:axis] + [1] * (len(x) - axis))
+    return out
+
+
 def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
     """Output index -> inferred type for one node (empty when unknown)."""
     ins = [v for v in node.inputs]
@@ -175,6 +392,8 @@ def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
             ta.tensor_type.elem_type = tb.tensor_type.elem_type = onnx.TensorProto.FLOAT
             got = _onnx_infer("MatMul", "", 13, ["a", "b"], ["y"], {}, {"a": ta, "b": tb}, {})
             return {0: got["y"]} if "y" in got else {}
+        if op in _RULES:
+            return _RULES[op](node, types)
         if op in _AS_ONNX:
             base, keep, n_in = _AS_ONNX[op]
             names = [f"i{k}" if types[k] is not None else "" for k in range(min(n_in, len(types)))]
@@ -185,6 +404,8 @@ def _infer(node: ir.Node, opsets: dict) -> dict[int, onnx.TypeProto]:
         return {}
     if node.domain not in ("", "ai.onnx") or not node.outputs:
         return {}
+    if node.op_type == "SimplifiedLayerNormalization":
+        return _simplified_layer_norm(node, types)
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(ins)]
     feed = {n: t for n, t in zip(names, types) if n}
     data = {}
@@ -206,7 +427,7 @@ def infer_through_contrib_ops(model: ir.Model) -> None:
     com.microsoft nodes of ``model``'s main graph (in place; see the module
     docstring). Does nothing in a graph without such nodes."""
     graph = model.graph
-    if not any(n.domain == _MS for n in graph):
+    if not any(n.domain == _MS or n.op_type == "SimplifiedLayerNormalization" for n in graph):
         return
     opsets = dict(model.opset_imports)
     opsets[""] = opsets.get("", opsets.get("ai.onnx", 1))
@@ -220,6 +441,6 @@ def infer_through_contrib_ops(model: ir.Model) -> None:
         except Exception:  # inference is advisory (onnx InferenceError, schema gaps)
             continue
         for k, tp in got.items():
-            v = node.outputs[k]
+            v = node.outputs[k] if k < len(node.outputs) else None
             if v is not None and tp.HasField("tensor_type") and tp.tensor_type.elem_type:
                 _set(v, tp)

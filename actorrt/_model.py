@@ -24,6 +24,7 @@ import onnx_ir.passes.common as common_passes
 from ._errors import ModelLoadError
 from ._loading.contrib_types import infer_through_contrib_ops
 from ._loading.graph import check_graph_protos, run_onnx_checker
+from ._loading.nchwc import expand_nchwc
 from ._loading.tensors import anchor_external_tensors, check_tensor_protos
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, ir.Model]
@@ -123,6 +124,7 @@ def load_model(model: ModelLike, *, infer_shapes: bool = True) -> LoadedModel:
         raise ModelLoadError(f"graph passes failed: {e}", model=name) from e
     anchor_external_tensors(m, base_dir, name)  # tensors the passes copied
     _import_microsoft_domain(m)
+    expand_nchwc(m, name)  # files saved at ORT_ENABLE_ALL
     if infer_shapes:
         try:
             m = common_passes.ShapeInferencePass(strict_mode=False)(m).model

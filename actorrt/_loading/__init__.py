@@ -16,6 +16,9 @@
   bodies with the wrong number of inputs or outputs, attributes of the wrong
   type, values assigned twice, domains without an opset import).
 
+* :mod:`.nchwc` — not a check: files onnxruntime saved at ``ORT_ENABLE_ALL``
+  carry ``com.microsoft.nchwc`` ops and filters reordered for its blocked
+  layout; they become standard ops on unblocked tensors before any pass.
 * :mod:`.contrib_types` — not a check: after onnx's shape inference, the
   value types behind com.microsoft nodes, which onnx has no schemas for.
 

@@ -586,7 +586,7 @@ class Session:
         from ._dtypes import from_numpy_dtype
         from ._tensor import DeviceIoBinding, Tensor
 
-        spec = self._plan._input_index.get(input_name)
+        spec = self._plan.input_index.get(input_name)
         if spec is None:
             raise InvalidArgumentError(f"unknown input {input_name!r}", input=input_name,
                                        expected=f"one of {[i.name for i in self._plan.inputs]}",

@@ -140,7 +140,7 @@ async def test_big_segment_frames_are_padded_past_one_data_stack_chunk():
     """A segment frame that nearly fills CPython's 16 KiB data-stack chunk made
     every kernel call open and free a chunk (mmap/munmap, page faults); frames
     of big segments are padded past the chunk, small ones are left alone."""
-    from actorrt._plan import _CHUNK_BYTES
+    from actorrt._plan.codegen import CHUNK_BYTES
 
     def frame_bytes(code):
         return 8 * (code.co_nlocals + code.co_stacksize)
@@ -151,7 +151,7 @@ async def test_big_segment_frames_are_padded_past_one_data_stack_chunk():
         async with actorrt.open_session(model) as s:
             (seg,) = s.plan.segments
             size = frame_bytes(seg.fn.__code__)
-            assert (size > _CHUNK_BYTES) is padded, (n, size)
+            assert (size > CHUNK_BYTES) is padded, (n, size)
             assert ("_pad0" in seg.source) is padded
             (y,) = await s.run(None, {"x": x})
         want = x + sum(np.float32(i * 0.001) for i in range(n))

@@ -16,6 +16,7 @@ A plan is built once per session (and once per control-flow subgraph):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -1351,7 +1352,13 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
         emit("_act(True)")
     for k, st in enumerate(seg.steps):
         kname = f"k{st.index}"
-        defaults[kname] = st.fn
+        fn, kwargs = st.fn, {}
+        if type(fn) is functools.partial and not fn.args and fn.keywords and \
+                all(n.isidentifier() for n in fn.keywords):
+            # a function kernel's attributes as keywords of the call itself: no
+            # partial object merging its keyword dict on every call
+            fn, kwargs = fn.func, fn.keywords
+        defaults[kname] = fn
         args = []
         strided_ok = st.kernel.accepts_strided
         inplace_pos = set(st.kernel.inplace.values())
@@ -1374,6 +1381,9 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
             if pos in inplace_pos and r != "None" and i not in input_slots:
                 r = f"_ro({r})"  # only donated graph inputs may be overwritten
             args.append(r)
+        for n, value in kwargs.items():
+            defaults[f"a{st.index}_{n}"] = value
+            args.append(f"{n}=a{st.index}_{n}")
         if st.outer:
             args.append("outer={" + ", ".join(f"{n!r}: {ref(sl)}" for n, sl in st.outer) + "}")
         if st.kernel.uses_workspace:

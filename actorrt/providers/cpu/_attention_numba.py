@@ -43,14 +43,15 @@ if HAVE_NUMBA:
     _FLAGS = {"nsz", "arcp", "contract", "reassoc"}
 
     @njit(fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy")
-    def _attend(q, k, v, mask, scale, masked, kt, out, s):  # pragma: no cover - compiled
+    def _attend(q, k, v, mask, scale64, masked, kt, out):  # pragma: no cover - compiled
         # q (B, H, S, D); k (B, H, D, T) or, with kt, (B, H, T, D); v (B, H, T, Dv);
-        # mask (MB, MH, MS, MT), each 1 or the full size;
-        # out (B, H, S, Dv); s (S, T) scratch
+        # mask (MB, MH, MS, MT), each 1 or the full size; out (B, H, S, Dv)
         nb, nh, sq, d = q.shape
+        scale = np.float32(scale64)
         t_n = v.shape[2]
         dv = v.shape[3]
         mb, mh, ms = mask.shape[0], mask.shape[1], mask.shape[2]
+        s = np.empty((sq, t_n), np.float32)  # the scores of one (batch, head)
         for b in range(nb):
             for h in range(nh):
                 kb = k[b, h]
@@ -96,6 +97,7 @@ if HAVE_NUMBA:
                             o[c] += p * vj[c]
 
 _NONE4 = np.zeros((1, 1, 1, 1), np.float32)
+_F32 = np.dtype(np.float32)
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
@@ -119,15 +121,15 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
     """
     if not (HAVE_NUMBA and COMPILED):
         return None
-    f32 = np.float32
-    if q.dtype != f32 or k.dtype != f32 or v.dtype != f32 or q.ndim != 4 or k.ndim != 4 \
-            or v.ndim != 4:
+    # dtype identity: native float32 (any other byte order takes numpy's path)
+    if q.dtype is not _F32 or k.dtype is not _F32 or v.dtype is not _F32 or q.ndim != 4 or \
+            k.ndim != 4 or v.ndim != 4:
         return None
     nb, nh, sq, d = q.shape
-    kb, kh, k2, k3 = k.shape
-    t_n, kd = (k2, k3) if transpose_k else (k3, k2)
-    if sq > MAX_ROWS or kb != nb or kh != nh or kd != d or v.shape[0] != nb or \
-            v.shape[1] != nh or v.shape[2] != t_n or q.size == 0 or t_n == 0:
+    ks = k.shape
+    t_n, kd = (ks[2], ks[3]) if transpose_k else (ks[3], ks[2])
+    if sq > MAX_ROWS or kd != d or ks[:2] != (nb, nh) or v.shape[:3] != (nb, nh, t_n) or \
+            not q.size or not t_n:
         return None
     if not transpose_k and k.strides[2] == 4 and k.strides[3] != 4:
         # a transposed view of (B, H, T, D) keys: read them that way (unit stride)
@@ -135,16 +137,15 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
     if mask is None:
         m, masked = _NONE4, False
     else:
-        if mask.dtype != f32 or mask.ndim > 4:
+        if mask.dtype is not _F32 or mask.ndim > 4:
             return None
-        m = mask.reshape((1,) * (4 - mask.ndim) + mask.shape) if mask.ndim < 4 else mask
+        m = mask if mask.ndim == 4 else mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
         ms = m.shape
-        if (ms[3] != 1 and ms[3] != t_n) or (ms[0] != 1 and ms[0] != nb) or (ms[1] != 1 and ms[1] != nh) or \
-                (ms[2] != 1 and ms[2] != sq):
+        if (ms[3] != 1 and ms[3] != t_n) or (ms[0] != 1 and ms[0] != nb) or \
+                (ms[1] != 1 and ms[1] != nh) or (ms[2] != 1 and ms[2] != sq):
             return None
         masked = True
-    out = np.empty((nb, nh, sq, v.shape[3]), f32)
-    if out.size == 0:
-        return out
-    _attend(q, k, v, m, f32(scale), masked, bool(transpose_k), out, np.empty((sq, t_n), f32))
+    out = np.empty((nb, nh, sq, v.shape[3]), np.float32)
+    if out.size:
+        _attend(q, k, v, m, float(scale), masked, bool(transpose_k), out)
     return out

@@ -178,7 +178,8 @@ def fuse_attention(ctx: OptContext) -> None:
         t = ctx.producer.get(k)
         if _unary(t, "Transpose") and ctx.sole_reader(k) is mm:
             p = _perm(ctx, t)
-            if p is not None and len(p) >= 2 and p == list(range(len(p) - 2)) + [len(p) - 1, len(p) - 2]:
+            r = len(p) if p is not None else 0
+            if r >= 2 and p == list(range(r - 2)) + [r - 1, r - 2]:
                 # keys transposed only for this product (GPT-2's exports): read them as they are
                 k, transpose_k = t.inputs[0], 1 - transpose_k
                 members.insert(0, t)

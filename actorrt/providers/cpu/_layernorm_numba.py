@@ -147,8 +147,9 @@ def _last_axis_serial(x, gamma, beta, epsilon, skip, bias, keep_sum):
     inv = np.empty(rows, np.float32)
     eps = _EPS.get(epsilon)
     if eps is None:
-        eps = _EPS[epsilon] = float(np.float32(epsilon)) if len(_EPS) < 64 else \
-            float(np.float32(epsilon))
+        eps = float(np.float32(epsilon))
+        if len(_EPS) < 64:
+            _EPS[epsilon] = eps
     _rows_serial(x2, sk, bi, gamma, b, eps, y.reshape(rows, d), s, mean, inv, flags)
     total = None
     if keep_sum:

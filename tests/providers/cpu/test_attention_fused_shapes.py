@@ -1,7 +1,8 @@
 """ScaledDotAttention (the optimizer's MatMul-scale-mask-Softmax-MatMul
 fusion) against onnxruntime on the unfused graph: one query row (a decode
-step; up to four take one compiled call, tested with it and without) and many, odd sizes, masks of every broadcast shape, a transposed
-(strided) key as GPT-2 exports it; at 1 thread, and at 2 split by heads on
+step; up to four rows take one compiled call, tested with it and without)
+and many, odd sizes, masks of every broadcast shape, a transposed (strided)
+key as GPT-2 exports it; at 1 thread, and at 2 split by heads on
 the chunk loop or pass by pass over the compiled partner threads.
 
 (A compiled scale-mask-softmax pass was measured 1.5-1.7x slower than

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import keyword
 import math
 import operator
 import sys
@@ -1354,7 +1355,7 @@ def _codegen(plan: Plan, seg: Segment, consts: dict[str, Any], slots: dict[str, 
         kname = f"k{st.index}"
         fn, kwargs = st.fn, {}
         if type(fn) is functools.partial and not fn.args and fn.keywords and \
-                all(n.isidentifier() for n in fn.keywords):
+                all(n.isidentifier() and not keyword.iskeyword(n) for n in fn.keywords):
             # a function kernel's attributes as keywords of the call itself: no
             # partial object merging its keyword dict on every call
             fn, kwargs = fn.func, fn.keywords

@@ -200,11 +200,12 @@ def Transpose(data, *, perm=None):
     """ONNX Transpose (opsets 1-25): permutes axes (reverses them by default); a view."""
     if perm is None:
         return data.transpose()
-    try:  # numpy checks the permutation (length, range, repeats): no second check per call
-        return data.transpose(perm)
+    try:  # numpy checks length, range and repeats; negative axes (numpy's) are not ONNX's
+        if not perm or min(perm) >= 0:
+            return data.transpose(perm)
     except (ValueError, TypeError):
-        raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank "
-                         f"{data.ndim}") from None
+        pass
+    raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
 
 
 def _slice_key(shape, starts, ends, axes, steps) -> tuple:

@@ -119,7 +119,7 @@ def test_split_pieces_cached_per_shape_and_sizes():
 
 def test_transpose_and_concat_bad_axes_raise():
     x = np.zeros((2, 3, 4), np.float32)
-    for perm in ([0, 1], [0, 1, 1], [0, 1, 3]):
+    for perm in ([0, 1], [0, 1, 1], [0, 1, 3], [0, 1, -1]):
         with pytest.raises(ValueError, match="not a permutation"):
             direct("Transpose", x, perm=perm)
     assert direct("Transpose", x, perm=[2, 0, 1]).shape == (4, 2, 3)

@@ -156,3 +156,20 @@ async def test_big_segment_frames_are_padded_past_one_data_stack_chunk():
             (y,) = await s.run(None, {"x": x})
         want = x + sum(np.float32(i * 0.001) for i in range(n))
         np.testing.assert_allclose(y, want, rtol=1e-5)
+
+
+def test_function_kernel_attributes_are_keywords_of_the_generated_call():
+    # a kernel made from a function with attributes is called as fn(x, perm=...) in the
+    # segment's code (no functools.partial per call); the result is the op's
+    g = helper.make_graph([helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+                           helper.make_node("Softmax", ["t"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    with actorrt.InferenceSession(m) as s:
+        src = s.session.plan.segments[0].source
+        (y,) = s.run(None, {"x": x})
+    assert "perm=a" in src, src
+    e = np.exp(x.T - x.T.max(axis=0))
+    np.testing.assert_allclose(y, e / e.sum(axis=0), rtol=1e-6)

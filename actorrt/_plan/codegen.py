@@ -10,7 +10,9 @@ its own; :func:`materialise_sized` checks and wraps a kernel-sized output.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import keyword
 from typing import Any, Callable
 
 import numpy as np
@@ -160,7 +162,13 @@ def generate_segment(plan: Plan, seg: Segment, consts: dict[str, Any], slots: di
         emit("_act(True)")
     for k, st in enumerate(seg.steps):
         kname = f"k{st.index}"
-        defaults[kname] = st.fn
+        fn, kwargs = st.fn, {}
+        if type(fn) is functools.partial and not fn.args and fn.keywords and \
+                all(n.isidentifier() and not keyword.iskeyword(n) for n in fn.keywords):
+            # a function kernel's attributes as keywords of the call itself: no
+            # partial object merging its keyword dict on every call
+            fn, kwargs = fn.func, fn.keywords
+        defaults[kname] = fn
         args = []
         strided_ok = st.kernel.accepts_strided
         inplace_pos = set(st.kernel.inplace.values())
@@ -183,6 +191,9 @@ def generate_segment(plan: Plan, seg: Segment, consts: dict[str, Any], slots: di
             if pos in inplace_pos and r != "None" and i not in input_slots:
                 r = f"_ro({r})"  # only donated graph inputs may be overwritten
             args.append(r)
+        for n, value in kwargs.items():
+            defaults[f"a{st.index}_{n}"] = value
+            args.append(f"{n}=a{st.index}_{n}")
         if st.outer:
             args.append("outer={" + ", ".join(f"{n!r}: {ref(sl)}" for n, sl in st.outer) + "}")
         if st.kernel.uses_workspace:

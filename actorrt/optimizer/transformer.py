@@ -9,7 +9,9 @@
   (q, k, v[, mask], scale)``; the first product may also be onnxruntime's
   ``com.microsoft:FusedMatMul(q, k)`` (what its optimizer saves: ``alpha``
   joins the scale, ``transB=1`` becomes ``transpose_k=1``; not with
-  ``transA`` or the batch transposes). Pre: float32, Softmax opset >= 13
+  ``transA`` or the batch transposes); a Transpose swapping the last two
+  axes of ``k`` that only the product reads joins too (flips
+  ``transpose_k``). Pre: float32, Softmax opset >= 13
   over the last axis, intermediates read only inside. Post: ``softmax(q @ k
   * scale + mask) @ v`` in one kernel.
 * :func:`fuse_matmul_epilogue` -- ``MatMul(A, B) -> Add(bias) [-> Gelu | Relu]``
@@ -173,6 +175,14 @@ def fuse_attention(ctx: OptContext) -> None:
         if ctx.types.get(v) is None or ctx.types[v].dtype != 1:
             continue
         members.append(mm2)
+        t = ctx.producer.get(k)
+        if _unary(t, "Transpose") and ctx.sole_reader(k) is mm:
+            p = _perm(ctx, t)
+            r = len(p) if p is not None else 0
+            if r >= 2 and p == list(range(r - 2)) + [r - 1, r - 2]:
+                # keys transposed only for this product (GPT-2's exports): read them as they are
+                k, transpose_k = t.inputs[0], 1 - transpose_k
+                members.insert(0, t)
         ins = [q, k, v] + ([mask] if mask else [])
         at = {"scale": float(scale)}
         if transpose_k:

@@ -306,6 +306,33 @@ def test_attention_from_onnxruntimes_fused_matmul(trans_b, with_mask, div):
     assert _check(m_, feeds, "ScaledDotAttention") == ["ScaledDotAttention"]
 
 
+@pytest.mark.parametrize("first,keys_read_elsewhere", [("MatMul", False), ("MatMul", True),
+                                                        ("FusedMatMul", False)])
+def test_attention_absorbs_the_keys_transpose(first, keys_read_elsewhere):
+    """GPT-2's exports transpose the cached keys (b, h, t, d) -> (b, h, d, t)
+    for the scores: a Transpose of the last two axes read only by the product
+    joins the attention (transpose_k flips; twice with FusedMatMul's transB
+    cancels); read elsewhere too, it stays."""
+    b, h, s, t, d = 1, 3, 2, 11, 8
+    q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
+    kin = (b, h, d, t) if first == "FusedMatMul" else (b, h, t, d)
+    k = RNG.standard_normal(kin).astype(np.float32)
+    v = RNG.standard_normal((b, h, t, d)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2])]
+    if first == "FusedMatMul":
+        nodes.append(_ms("FusedMatMul", ["q", "kt"], ["s0"], alpha=0.3, transB=1))
+    else:
+        nodes += [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+                  helper.make_node("Mul", ["s", "sc"], ["s0"])]
+    nodes += [helper.make_node("Softmax", ["s0"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["out"])]
+    outs = [_vi("out", None)] + ([_vi("kt", None)] if keys_read_elsewhere else [])
+    m_ = _model(nodes, [_vi("q", list(q.shape)), _vi("k", list(k.shape)), _vi("v", list(v.shape))],
+                outs, [_init("sc", np.float32(0.3))])
+    ops = _check(m_, {"q": q, "k": k, "v": v}, "ScaledDotAttention")
+    assert ("Transpose" in ops) == keys_read_elsewhere, ops
+
+
 def test_fused_matmul_with_transposed_a_is_not_taken_as_attention():
     q = RNG.standard_normal((2, 9, 5)).astype(np.float32)  # (batch, D, S): transA
     k = RNG.standard_normal((2, 9, 7)).astype(np.float32)

@@ -42,6 +42,9 @@ except Exception:  # pragma: no cover - exercised only without numba
     HAVE_NUMBA = False
 
 _NONE = np.zeros(1, np.float32)
+_NONE2 = _NONE.reshape(1, 1)
+#: epsilon -> its float32 value as a Python float (a few distinct values a process)
+_EPS: dict = {}
 
 if HAVE_NUMBA:
     @njit(nogil=True, cache=True, inline="always")
@@ -106,6 +109,54 @@ def _vector(p, d: int):
     return np.ascontiguousarray(p).reshape(d)
 
 
+def _is_vector(p, d: int) -> bool:
+    return p.dtype == np.float32 and p.shape == (d,) and p.flags.c_contiguous
+
+
+def _last_axis_serial(x, gamma, beta, epsilon, skip, bias, keep_sum):
+    # the usual case in few Python steps (a decode step's (1, 1, D) rows): C-contiguous
+    # x normalized over its last axis, 1-D contiguous parameters, a same-shape
+    # contiguous skip, one thread; None: the general path decides
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    if rows == 0 or (rows >= 2 and rows * d >= PARTNER_MIN_ELEMENTS) or \
+            not _is_vector(gamma, d):
+        return None
+    flags = 0
+    b = bi = _NONE
+    if beta is not None:
+        if not _is_vector(beta, d):
+            return None
+        b, flags = beta, 4
+    if bias is not None:
+        if not _is_vector(bias, d):
+            return None
+        bi, flags = bias, flags | 2
+    x2 = x.reshape(rows, d)
+    if skip is not None:
+        if skip.dtype != np.float32 or skip.shape != x.shape or not skip.flags.c_contiguous:
+            return None
+        sk, flags = skip.reshape(rows, d), flags | 1
+        s = np.empty((rows, d), np.float32)
+    elif flags & 2:
+        sk, s = _NONE2, np.empty((rows, d), np.float32)
+    else:
+        sk = s = _NONE2
+    y = np.empty(x.shape, np.float32)
+    mean = np.empty(rows, np.float32)
+    inv = np.empty(rows, np.float32)
+    eps = _EPS.get(epsilon)
+    if eps is None:
+        eps = float(np.float32(epsilon))
+        if len(_EPS) < 64:
+            _EPS[epsilon] = eps
+    _rows_serial(x2, sk, bi, gamma, b, eps, y.reshape(rows, d), s, mean, inv, flags)
+    total = None
+    if keep_sum:
+        total = s.reshape(x.shape) if flags & 3 else x
+    return y, mean, inv, total
+
+
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilon: float,
                axis: int = -1, skip: np.ndarray | None = None,
                bias: np.ndarray | None = None, keep_sum: bool = False):
@@ -131,6 +182,10 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
     """
     if not (HAVE_NUMBA and COMPILED) or x.dtype != np.float32 or x.ndim == 0:
         return None
+    if (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous:
+        r = _last_axis_serial(x, gamma, beta, epsilon, skip, bias, keep_sum)
+        if r is not None:
+            return r
     ax = axis + x.ndim if axis < 0 else axis
     if not 0 <= ax < x.ndim:
         return None

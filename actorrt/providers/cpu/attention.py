@@ -19,7 +19,10 @@ import numpy as np
 from .._contract import Kernel, NodeSpec, require
 from ._attention_util import (attention_bias, compute_dtype, gqa_apply, gqa_scores,
                               merge_heads, onnx_float_dtype, softmax_, split_heads)
+from actorrt._lazy import lazy_module
 from .registry import cpu_kernel
+
+_attn_nb = lazy_module(f"{__package__}._attention_numba", globals(), "_attn_nb")
 
 __all__ = ["Attention", "RotaryEmbedding", "FlexAttention", "LinearAttention"]
 
@@ -213,7 +216,14 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0, transpose_k=0):
     partners (batch entries, rows; no Python hand-off); otherwise products
     of at least ``_matmul_split.PARALLEL_MIN_FLOPS`` run as blocks of the
     largest batch axis (heads), each block's whole attention on one thread
-    with one-thread BLAS."""
+    with one-thread BLAS. Rank-4 float32 operands with at most
+    ``_attention_numba.MAX_ROWS`` query rows (a decode step) take one
+    compiled call instead (:func:`._attention_numba.attend`, one thread)."""
+    if q.ndim == 4 and q.shape[2] <= _attn_nb.MAX_ROWS:
+        # a decode step: scores, softmax and the sum of values in one compiled call
+        y = _attn_nb.attend(q, k, v, mask, scale, bool(transpose_k))
+        if y is not None:
+            return y
     from . import _matmul_split, _threads
     if transpose_k:
         if k.ndim < 2:

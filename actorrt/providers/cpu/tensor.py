@@ -134,6 +134,8 @@ def _reshape_target(in_shape: tuple[int, ...], shape, allowzero: int) -> tuple[i
 #: tensors: a plan reshapes the same few signatures every run
 _TARGETS: dict = {}
 _TARGETS_MAX = 4096
+#: Split: the pieces' index tuples per (input shape, split sizes, axis, counts)
+_SPLITS: dict = {}
 
 
 @cpu_kernel("Reshape", since=(1, 5, 13, 14, 19, 21, 23, 24, 25), view_outputs=True, **_NO_FLOPS)
@@ -198,9 +200,12 @@ def Transpose(data, *, perm=None):
     """ONNX Transpose (opsets 1-25): permutes axes (reverses them by default); a view."""
     if perm is None:
         return data.transpose()
-    if len(perm) != data.ndim or sorted(perm) != list(range(data.ndim)):
-        raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
-    return data.transpose(perm)
+    try:  # numpy checks length, range and repeats; negative axes (numpy's) are not ONNX's
+        if not perm or min(perm) >= 0:
+            return data.transpose(perm)
+    except (ValueError, TypeError):
+        pass
+    raise ValueError(f"Transpose: perm {list(perm)} is not a permutation of rank {data.ndim}")
 
 
 def _slice_key(shape, starts, ends, axes, steps) -> tuple:
@@ -260,6 +265,8 @@ def Concat(*inputs, axis=None, node=None):
         axis = 1
     if not inputs:
         raise ValueError("Concat needs at least one input")
+    if type(axis) is int and -inputs[0].ndim <= axis < inputs[0].ndim:
+        return np.concatenate(inputs, axis=axis)  # numpy takes ONNX's axis range as it is
     return np.concatenate(inputs, axis=norm_axis(axis, inputs[0].ndim, what="Concat axis"))
 
 
@@ -271,6 +278,13 @@ def Split(input, split=None, *, axis=0, num_outputs=None, node=None):
     n_out = node.num_outputs if node is not None else num_outputs
     if node is not None and node.opset < 13 and split is None:
         split = node.attrs.get("split")
+    key = None
+    if split is None or (type(split) is np.ndarray and split.dtype == np.int64):
+        # the pieces' index tuples per (shape, sizes, axis, counts), as Reshape's targets
+        key = (input.shape, None if split is None else split.tobytes(), axis, num_outputs, n_out)
+        keys = _SPLITS.get(key)
+        if keys is not None:
+            return tuple([input[k] for k in keys])
     ax = norm_axis(axis, input.ndim, what="Split axis")
     dim = input.shape[ax]
     if split is not None and len(as_ints(split)) > 0:
@@ -288,12 +302,16 @@ def Split(input, split=None, *, axis=0, num_outputs=None, node=None):
             sizes = [dim // n] * n
     # views by basic slicing (np.split's per-piece swapaxes cost ~10x more)
     lead = (slice(None),) * ax
-    pieces = []
+    keys = []
     lo = 0
     for n in sizes:
-        pieces.append(input[lead + (slice(lo, lo + n),)])
+        keys.append(lead + (slice(lo, lo + n),))
         lo += n
-    return tuple(pieces)
+    if key is not None:
+        if len(_SPLITS) >= _TARGETS_MAX:
+            _SPLITS.clear()
+        _SPLITS[key] = tuple(keys)
+    return tuple([input[k] for k in keys])
 
 
 # ------------------------------------------------------------ shape queries

@@ -1,7 +1,8 @@
 """ScaledDotAttention (the optimizer's MatMul-scale-mask-Softmax-MatMul
 fusion) against onnxruntime on the unfused graph: one query row (a decode
-step) and many, odd sizes, masks of every broadcast shape, a transposed
-(strided) key as GPT-2 exports it; at 1 thread, and at 2 split by heads on
+step; up to four rows take one compiled call, tested with it and without)
+and many, odd sizes, masks of every broadcast shape, a transposed (strided)
+key as GPT-2 exports it; at 1 thread, and at 2 split by heads on
 the chunk loop or pass by pass over the compiled partner threads.
 
 (A compiled scale-mask-softmax pass was measured 1.5-1.7x slower than
@@ -53,12 +54,21 @@ def _attention_model(qs, ks, vs, mask_shape, scale_op, k_perm):
     (2, 2, 128, 129, 16, (1, 1, 1, 129), "Div"),
     (1, 1, 2, 3, 1, (3,), "Mul"),
     (3, 2, 4, 6, 8, (3, 2, 4, 6), None),
+    (1, 3, 4, 67, 33, (1, 1, 4, 67), "Div"),      # 4 rows (speculative decode), causal
+    (2, 5, 2, 257, 7, (1, 5, 1, 257), "Mul"),     # a past crossing 256, per-head mask
+    (1, 2, 1, 1, 3, (1,), "Div"),                 # one key, a scalar-like mask
+    (2, 1, 3, 9, 4, (2, 1, 3, 1), "Mul"),         # a mask broadcast along the keys
 ])
 @pytest.mark.parametrize("strided_k", [False, True])
 @pytest.mark.parametrize("threads,split", [(1, ""), (2, "chunks"), (2, "partners")])
+@pytest.mark.parametrize("compiled_decode", [True, False])
 def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, threads, split,
-                                      monkeypatch):
-    from actorrt.providers.cpu import _partner, _sgemm_numba as sg
+                                      compiled_decode, monkeypatch):
+    from actorrt.providers.cpu import _attention_numba, _partner, _sgemm_numba as sg
+    if not compiled_decode:  # the numpy / batched-GEMM path for few rows too
+        monkeypatch.setattr(_attention_numba, "COMPILED", False)
+    elif not _attention_numba.HAVE_NUMBA:
+        pytest.skip("no numba here")
     partners = split == "partners" and _partner.AVAILABLE and sg.ENABLED
     if split == "partners" and not partners:
         pytest.skip("no compiled partner threads here")
@@ -97,7 +107,9 @@ def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, 
         assert "ScaledDotAttention" in [st.node.op_type for st in sess.session.plan.steps]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     if threads == 2 and b * h > 1:
-        if partners and s >= sg.BMM_MIN_ROWS:  # the three passes over the partners
+        if compiled_decode and s <= _attention_numba.MAX_ROWS:  # one compiled call, no split
+            assert not seen and not seen_p
+        elif partners and s >= sg.BMM_MIN_ROWS:  # the three passes over the partners
             assert seen_p == ["bmm", "softmax", "bmm"] and not seen
         else:
             assert seen and not seen_p

@@ -102,6 +102,32 @@ def test_concat_split():
                num_outputs=3)
 
 
+def test_split_pieces_cached_per_shape_and_sizes():
+    # the cached index tuples of one (shape, sizes) must not leak to another
+    x = rng.standard_normal((3, 10)).astype(np.float32)
+    for sizes in ((2, 3, 5), (5, 3, 2), (2, 3, 5)):
+        got = direct("Split", x, I64(*sizes), opset=13, n_out=3, axis=1)
+        want = np.split(x, np.cumsum(sizes)[:-1], axis=1)
+        assert all(g.base is not None and np.array_equal(g, w) for g, w in zip(got, want))
+    y = rng.standard_normal((4, 10)).astype(np.float32)  # same sizes, another shape
+    got = direct("Split", y, I64(2, 3, 5), opset=13, n_out=3, axis=1)
+    assert [g.shape for g in got] == [(4, 2), (4, 3), (4, 5)]
+    for _ in range(2):  # a bad split raises every time (never cached)
+        with pytest.raises(ValueError, match="add up"):
+            direct("Split", x, I64(2, 3, 4), opset=13, n_out=3, axis=1)
+
+
+def test_transpose_and_concat_bad_axes_raise():
+    x = np.zeros((2, 3, 4), np.float32)
+    for perm in ([0, 1], [0, 1, 1], [0, 1, 3], [0, 1, -1]):
+        with pytest.raises(ValueError, match="not a permutation"):
+            direct("Transpose", x, perm=perm)
+    assert direct("Transpose", x, perm=[2, 0, 1]).shape == (4, 2, 3)
+    with pytest.raises(ValueError, match="out of range"):
+        direct("Concat", x, x, opset=13, axis=3)
+    assert direct("Concat", x, x, opset=13, axis=-3).shape == (4, 3, 4)
+
+
 @pytest.mark.parametrize("starts,ends,axes,steps", [
     ((1, 0), (1000, 2), (0, 1), (1, 1)),
     ((-1,), (-1000,), (1,), (-1,)),

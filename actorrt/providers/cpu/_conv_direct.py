@@ -451,7 +451,7 @@ class Plan:
     (from :func:`make_plan`; immutable, shareable between threads)."""
 
     __slots__ = ("offs", "total", "copies", "table", "xs_shape", "y_shape", "rows", "ints", "items",
-                 "mr", "mb", "mg", "g", "split", "key")
+                 "mr", "mb", "mg", "g", "split", "flops", "key")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -523,6 +523,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                       kind, mparts),
                 items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
+                flops=2 * n * group * mg * r * oh * ow,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
                      tuple(dilations), tuple(pb), tuple(out_shape)))
 
@@ -534,7 +535,11 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     :func:`pack_weights` of the weights for the plan's output width, ``bias``
     ``(M,)`` or None, ``z`` of the output's shape or None."""
     rows, items = plan.rows, plan.items
-    threads = current_threads() if plan.split and items > 1 else 1
+    threads = 1
+    if items > 1 and (plan.split or plan.flops >= _split().MIN_CONV_FLOPS):
+        threads = current_threads()
+        if not plan.split and not _split().splits(threads):
+            threads = 1  # small for the chunk loop: only the partners take it
     if plan.copies is None:  # read in place (masked loads: nothing past the rows)
         buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     else:

@@ -363,10 +363,11 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
             np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE)
     work = y.size * w.shape[2] * w.shape[3]
-    if n * m > 1 and parallel_for(work) and not USE_NUMBA_POOL:
+    if n * m > 1 and not USE_NUMBA_POOL and x.dtype == np.float32:
         from . import _conv_split
         from ._threads import current
-        if _conv_split.depthwise(args[0], args[1], b, zz, y, strides, dilations, pads_begin,
+        if work >= min(_conv_split.MIN_DEPTHWISE_WORK, PARALLEL_MIN_WORK) and \
+                _conv_split.depthwise(args[0], args[1], b, zz, y, strides, dilations, pads_begin,
                                  args[11], z is not None, DW_TILE, current()):
             return y  # planes on the compiled partner threads
     run_planes(_depthwise_serial, None, args, n * m, work)

@@ -37,7 +37,8 @@ import numpy as np
 from . import _conv_direct as _cd
 from . import _partner
 
-__all__ = ["ENABLED", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "team_for",
+__all__ = ["ENABLED", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
+           "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK", "splits", "team_for",
            "conv_rows", "phase_copy", "depthwise", "maxpool"]
 
 #: post the convolution / pooling items to the partner threads (tests switch
@@ -49,6 +50,18 @@ LINGER_CYCLES = 2_600_000
 #: chunks per thread a job is cut into: the caller and partners claim them one
 #: at a time, so a partner that starts late still takes a share
 CHUNKS_PER_THREAD = 4
+
+#: the partners take a direct convolution from this many flops, a depthwise
+#: one from this many output elements x taps and a MaxPool from this many:
+#: where the chunk loop starts (:data:`._conv_direct.PARALLEL_MIN_FLOPS`,
+#: :data:`._conv_numba.PARALLEL_MIN_WORK`, :data:`._pool_direct.PARALLEL_MIN_WORK`).
+#: Lower ones (2M / 128K / 64K) made resnetish slower in the interleaved A/B on
+#: the loaded 2-core machine (2.06x onnxruntime against 1.66x, median of 40
+#: rounds; mobilenetish within noise): lower them only where an idle machine
+#: shows the small layers' split paying
+MIN_CONV_FLOPS = 1 << 23
+MIN_DEPTHWISE_WORK = 1 << 20
+MIN_POOL_WORK = 1 << 18
 
 HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
 
@@ -138,13 +151,17 @@ if HAVE_SPLIT:
     POOL_ITEMS, DW_ITEMS = _pool_items.address, _dw_items.address
 
 
+def splits(threads: int) -> bool:
+    """Whether work at ``threads`` intra-op threads goes to the partners
+    (:data:`ENABLED`, compiled partners and kernels, ``threads`` >= 2)."""
+    return ENABLED and HAVE_SPLIT and threads >= 2
+
+
 def team_for(threads: int):
     """The calling thread's partner team for ``threads`` intra-op threads, or
     None where the split does not apply (:data:`ENABLED` off, no compiled
     partners or kernels, ``threads`` < 2)."""
-    if not (ENABLED and HAVE_SPLIT) or threads < 2:
-        return None
-    return _partner.team(threads)
+    return _partner.team(threads) if splits(threads) else None
 
 
 def _run(team, fn: int, params: np.ndarray, items: int, threads: int) -> None:

@@ -160,12 +160,18 @@ def maxpool2d(plan: "_cd.Plan", x: np.ndarray, buf: np.ndarray | None = None) ->
     x_plane = math.prod(plan.xs_shape[2:])
     planes = n * c
     ntaps = len(plan.offs)
-    threads = _cd.current_threads() if y.size * ntaps >= PARALLEL_MIN_WORK and planes > 1 else 1
+    from . import _conv_split
+    threads = 1
+    if planes > 1 and y.size * ntaps >= PARALLEL_MIN_WORK:
+        threads = _cd.current_threads()
+    elif planes > 1 and y.size * ntaps >= _conv_split.MIN_POOL_WORK:
+        threads = _cd.current_threads()  # small for the chunk loop: only the partners take it
+        if not _conv_split.splits(threads):
+            threads = 1
     if threads <= 1 or not _cd.COMPILED_COPY:
         _cd.phase_copy(plan, x, buf)
         _rows(buf, plan.offs, yf, ntaps, x_plane, oh, ow, plan.xs_shape[4], 0, planes * oh)
         return y
-    from . import _conv_split
     if _conv_split.maxpool(plan, x, buf, yf, threads):
         return y  # planes on the compiled partner threads
     from . import _parallel

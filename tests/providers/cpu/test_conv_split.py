@@ -39,6 +39,8 @@ def _mode(mode, monkeypatch):
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)
     monkeypatch.setattr(_conv_numba, "USE_NUMBA_POOL", False)
     monkeypatch.setattr(_pool_direct, "PARALLEL_MIN_WORK", 0)
+    for name in ("MIN_CONV_FLOPS", "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK"):
+        monkeypatch.setattr(_conv_split, name, 0)
     return 1 if mode == "one" else 2
 
 

@@ -8,8 +8,10 @@ timed in the same rounds.
 
 One actorrt session per model at ``--threads`` (and one onnxruntime session,
 ``intra_op_num_threads`` the same, ``inter_op_num_threads = 1``); each round
-times the model for ``--budget`` seconds with the split on, then off, then
-onnxruntime; prints the medians (wall ms per run) and the medians of the
+times the model for ``--budget`` seconds with the split on, off and
+onnxruntime in a shuffled order (onnxruntime's pool spins after its runs and
+the partners linger after theirs: a fixed order taxes whichever comes next);
+prints the medians (wall ms per run) and the medians of the
 per-round ratios on/ort, off/ort and on/off (below 1: the split helps).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -61,11 +64,16 @@ def main() -> None:
                 s.run(None, feeds)
         o.run(None, feeds)
         res = {"on": [], "off": [], "ort": []}
+        rnd = random.Random(0)
         for _ in range(args.rounds):
-            for key in ("on", "off"):
+            order = ["on", "off", "ort"]
+            rnd.shuffle(order)
+            for key in order:
+                if key == "ort":
+                    res[key].append(timed(lambda: o.run(None, feeds)))
+                    continue
                 _conv_split.ENABLED = key == "on"
                 res[key].append(timed(lambda: s.run(None, feeds)))
-            res["ort"].append(timed(lambda: o.run(None, feeds)))
         _conv_split.ENABLED = True
         on, off, ref = (np.array(res[k]) for k in ("on", "off", "ort"))
 

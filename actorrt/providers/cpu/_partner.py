@@ -19,7 +19,10 @@ A partner spins (x86 ``pause``, then ``sched_yield`` each round: on a busy
 machine it hands its core to whoever is runnable) while jobs keep coming;
 after :data:`IDLE_CYCLES` cycle-counter ticks without one it leaves the
 compiled loop and blocks on a semaphore (no CPU while idle); the next post
-from Python wakes it (its first chunks then run on the caller alone).
+from Python wakes it (its first chunks then run on the caller alone). A
+:func:`run_items` job may ask the partners to *linger*: not to park before a
+cycle-counter deadline (the ``_LINGER`` slot) however long they idle, for
+callers whose next job comes soon (the convolutions of :mod:`._conv_split`).
 
 Jobs (one kind a post, its items cut into ``chunks`` ranges):
 

@@ -29,8 +29,9 @@ Layout and method:
   into ``y (N, M, OH, OW)``.
 * Work items are (image, group, output row group, channel part), each its
   column tiles times its channel blocks (the tile's input window stays in
-  L1); more than one intra-op thread splits them into ranges on
-  :func:`._parallel.run_chunks`.
+  L1); more than one intra-op thread splits them (and the phase copy's input
+  planes) into ranges on the compiled partner threads (:mod:`._conv_split`),
+  else on :func:`._parallel.run_chunks`.
 
 Shapes: ``x (N, C, H, W)`` float32, ``w`` packed from the ``(G, M/G, C/G*KH*KW)``
 GEMM layout of :func:`.conv._pack`; ``y (N, M, OH, OW)`` float32.
@@ -338,6 +339,9 @@ if HAVE_KERNEL:
                                   ncols, bias, (gi * mb + ob) * mr, z, has_z, lo, hi, alpha,
                                   mvalid, r0, flags, ow, wj)
 
+    #: public name of :func:`_rows` (the compiled split of :mod:`._conv_split`)
+    rows_range = _rows
+
 #: activation -> (alpha, lo, hi) of ``min(max(where(v < 0, alpha*v, v), lo), hi)``
 ACT_BOUNDS = {"": (1.0, -np.inf, np.inf), "Relu": (1.0, 0.0, np.inf)}
 
@@ -447,7 +451,7 @@ class Plan:
     (from :func:`make_plan`; immutable, shareable between threads)."""
 
     __slots__ = ("offs", "total", "copies", "table", "xs_shape", "y_shape", "rows", "ints", "items",
-                 "mr", "mb", "mg", "g", "split", "key")
+                 "mr", "mb", "mg", "g", "split", "flops", "key")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -519,6 +523,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                       kind, mparts),
                 items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
+                flops=2 * n * group * mg * r * oh * ow,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
                      tuple(dilations), tuple(pb), tuple(out_shape)))
 
@@ -529,11 +534,19 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     bias + z``: ``x`` of the plan's input shape (float32), ``wp`` the
     :func:`pack_weights` of the weights for the plan's output width, ``bias``
     ``(M,)`` or None, ``z`` of the output's shape or None."""
+    rows, items = plan.rows, plan.items
+    threads = 1
+    if items > 1 and (plan.split or plan.flops >= _split().MIN_CONV_FLOPS):
+        threads = current_threads()
+        if not plan.split and not _split().splits(threads):
+            threads = 1  # small for the chunk loop: only the partners take it
     if plan.copies is None:  # read in place (masked loads: nothing past the rows)
         buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     else:
         buf = np.zeros(plan.total, np.float32)
-        phase_copy(plan, x, buf)
+        if threads <= 1 or plan.xs_shape[0] * plan.xs_shape[1] < 2 or \
+                not _split().phase_copy(plan, x, buf, threads):
+            phase_copy(plan, x, buf)
     y = np.empty(plan.y_shape, np.float32)
     mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
@@ -548,18 +561,30 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         has_z = 1
     else:
         zz, has_z = bp, 0
-    rows, items = plan.rows, plan.items
     args = (buf, plan.offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
             np.float32(hi), np.float32(alpha), *plan.ints)
-    threads = current_threads() if plan.split and items > 1 else 1
     if threads <= 1:
         rows(*args, 0, items)
+    elif _split().conv_rows(plan, *args[:10], threads):
+        pass  # on the compiled partner threads
     else:
         from . import _parallel
         per = -(-items // (_parallel.CHUNKS_PER_THREAD * threads))
         _parallel.run_chunks(lambda i: rows(*args, i * per, min(items, (i + 1) * per)),
                              -(-items // per), threads)
     return y
+
+
+def _split():
+    """:mod:`._conv_split` (imported on first use: it imports this module)."""
+    global _split_mod
+    if _split_mod is None:
+        from . import _conv_split
+        _split_mod = _conv_split
+    return _split_mod
+
+
+_split_mod = None
 
 
 def phase_copy(plan: Plan, x: np.ndarray, buf: np.ndarray) -> None:

@@ -10,7 +10,8 @@ never import numba through here). Without numba :data:`HAVE_NUMBA` is False and
   over the ``N * C`` planes.
 * :func:`depthwise2d` -- ``y (N, C*mult, OH, OW)`` of a grouped convolution with
   one input channel per group, directly (no patch matrix), bias / residual /
-  Relu-LeakyRelu-Clip applied in the store; parallel over planes.
+  Relu-LeakyRelu-Clip applied in the store; parallel over planes (float32:
+  on the compiled partner threads, :mod:`._conv_split`).
 
 Both take float32 or float64 C-contiguous arrays and strides / dilations /
 leading pads as ints. Each has a serial driver over a range of planes (im2col
@@ -278,6 +279,10 @@ if HAVE_NUMBA:
                         v = alpha * v if v < 0 else v
                         y[b, oc, oy, q] = min(max(v, lo), hi)
 
+    #: public name of :func:`_depthwise_serial` (planes ``[start, stop)``,
+    #: image * M + output channel; the compiled split of :mod:`._conv_split`)
+    depthwise_planes = _depthwise_serial
+
 #: below this many output elements times kernel taps a compiled kernel runs
 #: on the calling thread alone; above, its planes are split into chunks run by
 #: :func:`._parallel.run_chunks` (the serial driver over plane ranges: no
@@ -354,9 +359,16 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     y = np.empty((n, m, out_shape[0], out_shape[1]), x.dtype)
     b = np.zeros(m, x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
     zz = np.zeros((1, 1, 1, 1), x.dtype) if z is None else np.ascontiguousarray(z, dtype=x.dtype)
-    run_planes(_depthwise_serial, None,
-               (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
-                strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
-                np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE),
-               n * m, y.size * w.shape[2] * w.shape[3])
+    args = (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
+            strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
+            np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE)
+    work = y.size * w.shape[2] * w.shape[3]
+    if n * m > 1 and not USE_NUMBA_POOL and x.dtype == np.float32:
+        from . import _conv_split
+        from ._threads import current
+        if work >= min(_conv_split.MIN_DEPTHWISE_WORK, PARALLEL_MIN_WORK) and \
+                _conv_split.depthwise(args[0], args[1], b, zz, y, strides, dilations, pads_begin,
+                                 args[11], z is not None, DW_TILE, current()):
+            return y  # planes on the compiled partner threads
+    run_planes(_depthwise_serial, None, args, n * m, work)
     return y

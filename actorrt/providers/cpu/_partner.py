@@ -19,7 +19,10 @@ A partner spins (x86 ``pause``, then ``sched_yield`` each round: on a busy
 machine it hands its core to whoever is runnable) while jobs keep coming;
 after :data:`IDLE_CYCLES` cycle-counter ticks without one it leaves the
 compiled loop and blocks on a semaphore (no CPU while idle); the next post
-from Python wakes it (its first chunks then run on the caller alone).
+from Python wakes it (its first chunks then run on the caller alone). A
+:func:`run_items` job may ask the partners to *linger*: not to park before a
+cycle-counter deadline (the ``_LINGER`` slot) however long they idle, for
+callers whose next job comes soon (the convolutions of :mod:`._conv_split`).
 
 Jobs (one kind a post, its items cut into ``chunks`` ranges):
 
@@ -66,7 +69,7 @@ IDLE_CYCLES = 200_000
 SPIN_PAUSES = 2048
 
 # control word slots
-_WORD, _DONE, _KIND, _STOP, _ITEMS, _SIZE = 0, 1, 2, 3, 4, 5
+_WORD, _DONE, _KIND, _STOP, _ITEMS, _SIZE, _LINGER = 0, 1, 2, 3, 4, 5, 6
 _P = 8  # job parameters from here
 _SLOTS = 40
 # job kinds
@@ -179,7 +182,8 @@ if AVAILABLE:
                 t0 = _cycles()
                 spins = 0
                 continue
-            if _cycles() - t0 > idle:
+            now = _cycles()
+            if now - t0 > idle and now > _load_acq(ctrl, _LINGER):
                 return 0
             _pause_or_yield(spins)
             spins += 1
@@ -288,10 +292,13 @@ if AVAILABLE:
 
 
     @njit(nogil=True, cache=True)
-    def _split_fn(ctrl, fn, params, items, chunks):  # pragma: no cover - compiled
+    def _split_fn(ctrl, fn, params, items, chunks, linger):  # pragma: no cover - compiled
         ctrl[_P] = fn
         ctrl[_P + 1] = params
-        return _run_job(ctrl, _FN, items, chunks)
+        mine = _run_job(ctrl, _FN, items, chunks)
+        if linger > 0:  # partners keep spinning until then (the next job comes soon)
+            _store_rel(ctrl, _LINGER, _cycles() + linger)
+        return mine
 
     @njit(nogil=True, cache=True)
     def _call_items(fn, params, i0, i1):  # pragma: no cover - compiled
@@ -414,7 +421,8 @@ def softmax_rows(t: _Team, s2, scale, mask2, mrows: int, masked: bool, chunks: i
     _split_softmax(t.ctrl, s2, scale, mask2, mrows, masked, chunks)
 
 
-def run_items(t: _Team, fn: int, params: int, items: int, chunks: int) -> None:
+def run_items(t: _Team, fn: int, params: int, items: int, chunks: int,
+              linger: int = 0) -> None:
     """Run the compiled kernel at address ``fn`` (``numba.cfunc`` signature
     ``void(int64, int64, int64)``: ``fn(params, i0, i1)`` runs items ``i0 ..
     i1 - 1``) over ``items`` items in ``chunks`` ranges on the caller and team
@@ -424,12 +432,20 @@ def run_items(t: _Team, fn: int, params: int, items: int, chunks: int) -> None:
     once and must not raise (a ``cfunc`` cannot propagate an exception):
     ranges of distinct items must write distinct memory.
 
+    ``linger`` (cycle-counter ticks, >= 0): after this job the partners keep
+    spinning (``pause``, then yielding their core each round) at least that
+    long before they may park, instead of :data:`IDLE_CYCLES` from their last
+    chunk: for callers whose next job follows within about that time (the
+    next convolution node of a CNN). 0: the usual idle limit.
+
     Raises:
-        ValueError: ``chunks`` outside 1 .. 4096 or ``items`` negative."""
-    if not 1 <= chunks <= 4096 or items < 0:
-        raise ValueError(f"run_items: chunks {chunks} (1 .. 4096), items {items} (>= 0)")
+        ValueError: ``chunks`` outside 1 .. 4096, ``items`` or ``linger``
+            negative."""
+    if not 1 <= chunks <= 4096 or items < 0 or linger < 0:
+        raise ValueError(f"run_items: chunks {chunks} (1 .. 4096), items {items} (>= 0), "
+                         f"linger {linger} (>= 0)")
     if items:
-        _split_fn(t.ctrl, fn, params, items, min(chunks, items))
+        _split_fn(t.ctrl, fn, params, items, min(chunks, items), linger)
 
 
 def call_items(fn: int, params: int, i0: int, i1: int) -> None:

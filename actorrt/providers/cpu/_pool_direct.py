@@ -115,6 +115,10 @@ if HAVE_KERNEL:
             for ox0 in range(0, ow, 16):
                 _tile2(xs, x_row + ox0, offs, ntaps, y, y_row + ox0, ow - ox0)
 
+    #: public name of :func:`_rows`: output rows ``[start, stop)`` (plane * OH
+    #: + row) of the phase-split buffer ``xs`` (the split of :mod:`._conv_split`)
+    rows_range = _rows
+
 
 def applies(x: np.ndarray, want_indices: bool) -> bool:
     """Whether :func:`maxpool2d` takes this MaxPool."""
@@ -145,8 +149,9 @@ def maxpool2d(plan: "_cd.Plan", x: np.ndarray, buf: np.ndarray | None = None) ->
     """``y (N, C, OH, OW)``: the max over each window (see the module doc) of
     ``x`` of the plan's input shape, float32. ``buf``: a :func:`new_buffer`
     of this plan to reuse (made here when None). Planes split over the
-    intra-op threads (copy and tiles of a plane range in one chunk) from
-    :data:`PARALLEL_MIN_WORK`."""
+    intra-op threads (copy and tiles of a plane range in one chunk; on the
+    compiled partner threads of :mod:`._conv_split` where they run, else
+    :func:`._parallel.run_chunks`) from :data:`PARALLEL_MIN_WORK`."""
     if buf is None:
         buf = new_buffer(plan)
     n, c, oh, ow = plan.y_shape
@@ -155,11 +160,20 @@ def maxpool2d(plan: "_cd.Plan", x: np.ndarray, buf: np.ndarray | None = None) ->
     x_plane = math.prod(plan.xs_shape[2:])
     planes = n * c
     ntaps = len(plan.offs)
-    threads = _cd.current_threads() if y.size * ntaps >= PARALLEL_MIN_WORK and planes > 1 else 1
+    from . import _conv_split
+    threads = 1
+    if planes > 1 and y.size * ntaps >= PARALLEL_MIN_WORK:
+        threads = _cd.current_threads()
+    elif planes > 1 and y.size * ntaps >= _conv_split.MIN_POOL_WORK:
+        threads = _cd.current_threads()  # small for the chunk loop: only the partners take it
+        if not _conv_split.splits(threads):
+            threads = 1
     if threads <= 1 or not _cd.COMPILED_COPY:
         _cd.phase_copy(plan, x, buf)
         _rows(buf, plan.offs, yf, ntaps, x_plane, oh, ow, plan.xs_shape[4], 0, planes * oh)
         return y
+    if _conv_split.maxpool(plan, x, buf, yf, threads):
+        return y  # planes on the compiled partner threads
     from . import _parallel
     from ._conv_vec import phase_copy_rows
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)

@@ -260,7 +260,30 @@ def test_run_items_calls_a_compiled_kernel_over_every_item(n, chunks):
     np.testing.assert_array_equal(z, y)
 
 
+def test_run_items_linger_keeps_the_partners_spinning():
+    # past the idle limit the partners park, but not before a linger deadline
+    import time
+    t = _partner.team(2)
+    x = RNG.standard_normal(64)
+    y = np.empty(64)
+    params = np.array([x.ctypes.data, y.ctypes.data, 64], np.int64)
+    _partner.run_items(t, _axpy_items.address, params.ctypes.data, 64, 4, linger=1 << 62)
+    np.testing.assert_array_equal(y, 2 * x + 1)
+    time.sleep(0.05)  # ~650x the idle limit
+    assert t.awake == [True]
+    _partner.run_items(t, _axpy_items.address, params.ctypes.data, 64, 4, linger=1)
+    t.ctrl[_partner._LINGER] = 0  # (the first job's far deadline lifted)
+    deadline = time.monotonic() + 20
+    while t.awake[0] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert t.awake == [False]  # parked once the deadline passed
+    _partner.run_items(_partner.team(2), _axpy_items.address, params.ctypes.data, 64, 4)
+    np.testing.assert_array_equal(y, 2 * x + 1)
+
+
 def test_run_items_checks_its_counts():
+    with pytest.raises(ValueError):
+        _partner.run_items(_partner.team(2), _axpy_items.address, 0, 5, 2, linger=-1)
     with pytest.raises(ValueError):
         _partner.run_items(_partner.team(2), _axpy_items.address, 0, 5, 0)
     with pytest.raises(ValueError):

@@ -1,0 +1,253 @@
+"""The float32 direct convolution, depthwise convolution and direct MaxPool
+work items split over the compiled partner threads (:mod:`._partner`).
+
+:func:`._parallel.run_chunks` hands a kernel's item ranges to its helper
+threads through Python closures: a thread wake-up and GIL hand-offs per
+node, and on the 2-core machine the second thread often came late, so the
+CNNs' two-thread times barely beat their one-thread times. Here each kernel
+has a ``numba.cfunc`` of the C signature ``void(int64 params, int64 i0, int64
+i1)`` that runs items ``i0 .. i1 - 1`` reading its operands from an int64
+parameter block (array addresses, sizes, ints; floats in a float32 block),
+posted with :func:`._partner.run_items`: the caller and its partners claim
+chunks from one atomic word, no Python between them. After every job the
+partners *linger* (:data:`LINGER_CYCLES`: they keep spinning instead of
+parking) because the next convolution / pooling node comes soon.
+
+* :func:`conv_rows` -- :func:`._conv_direct.run`'s work items
+  (``_conv_direct._rows`` over item ranges);
+* :func:`phase_copy` -- the direct convolution's padded phase-split input
+  copy, planes as items (:func:`._conv_vec.phase_copy_rows`);
+* :func:`depthwise` -- :func:`._conv_numba.depthwise2d`'s planes (float32);
+* :func:`maxpool` -- the direct MaxPool's planes (copy and tiles of a plane
+  in one item).
+
+Each returns False (nothing done) where the partners do not apply
+(:func:`team_for`: :data:`ENABLED` off, :data:`._partner.AVAILABLE` false,
+one intra-op thread); the callers then keep their :mod:`._parallel` /
+one-thread paths. A split result equals the one-thread result bit for bit
+(every item is computed the same way whichever thread runs it).
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import numpy as np
+
+from . import _conv_direct as _cd
+from . import _partner
+
+__all__ = ["ENABLED", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
+           "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK", "splits", "team_for",
+           "conv_rows", "phase_copy", "depthwise", "maxpool"]
+
+#: post the convolution / pooling items to the partner threads (tests switch
+#: it off to check the :mod:`._parallel` fallback)
+ENABLED = True
+#: cycle-counter ticks (2.6 GHz here: ~1 ms) the partners keep spinning after a
+#: convolution / pooling job before they may park
+LINGER_CYCLES = 2_600_000
+#: chunks per thread a job is cut into: the caller and partners claim them one
+#: at a time, so a partner that starts late still takes a share
+CHUNKS_PER_THREAD = 4
+
+#: the partners take a direct convolution from this many flops, a depthwise
+#: one from this many output elements x taps and a MaxPool from this many:
+#: where the chunk loop starts (:data:`._conv_direct.PARALLEL_MIN_FLOPS`,
+#: :data:`._conv_numba.PARALLEL_MIN_WORK`, :data:`._pool_direct.PARALLEL_MIN_WORK`).
+#: Lower ones (2M / 128K / 64K) made resnetish slower in the interleaved A/B on
+#: the loaded 2-core machine (2.06x onnxruntime against 1.66x, median of 40
+#: rounds; mobilenetish within noise): lower them only where an idle machine
+#: shows the small layers' split paying
+MIN_CONV_FLOPS = 1 << 23
+MIN_DEPTHWISE_WORK = 1 << 20
+MIN_POOL_WORK = 1 << 18
+
+HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
+
+if HAVE_SPLIT:
+    from numba import carray, cfunc, types as nbt
+    from numba.extending import intrinsic
+
+    from . import _conv_numba as _cn
+    from . import _conv_vec as _cv
+    from . import _pool_direct as _pd
+
+    def _ptr_intrinsic(ty):
+        def typer(typingctx, addr):
+            sig = nbt.CPointer(ty)(nbt.int64)
+
+            def codegen(context, builder, sig, args):
+                return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+            return sig, codegen
+        typer.__name__ = f"_ptr_{ty}"
+        return intrinsic(typer)
+
+    _f32p, _i64p = _ptr_intrinsic(nbt.float32), _ptr_intrinsic(nbt.int64)
+    _SIG = nbt.void(nbt.int64, nbt.int64, nbt.int64)
+
+    # direct conv block: xs, offs, wp, y, bias, z (address, size each), has_z,
+    # floats (lo, hi, alpha), then the plan's 13 ints
+    _CONV_N = 27
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_CONV_N,))
+        xs = carray(_f32p(p[0]), (p[1],))
+        offs = carray(_i64p(p[2]), (p[3],))
+        wp = carray(_f32p(p[4]), (p[5],))
+        y = carray(_f32p(p[6]), (p[7],))
+        bias = carray(_f32p(p[8]), (p[9],))
+        z = carray(_f32p(p[10]), (p[11],))
+        f = carray(_f32p(p[13]), (3,))
+        _cd.rows_range(xs, offs, wp, y, bias, z, p[12], f[0], f[1], f[2], p[14], p[15], p[16],
+                  p[17], p[18], p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], i0, i1)
+
+    # phase copy block: x, buf (address, size), table (address, rows), c, h,
+    # w, nphase, hi, wj, sw
+    _COPY_N = 13
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _copy_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_COPY_N,))
+        xf = carray(_f32p(p[0]), (p[1],))
+        buf = carray(_f32p(p[2]), (p[3],))
+        table = carray(_i64p(p[4]), (p[5], 8))
+        _cv.phase_copy_rows(xf, buf, table, p[6], p[7], p[8], p[9], p[10], p[11], p[12], i0, i1)
+
+    # MaxPool block: the copy block's 13, then offs (address, size), y
+    # (address, size), ntaps, x_plane, oh, ow
+    _POOL_N = 21
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _pool_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_POOL_N,))
+        xf = carray(_f32p(p[0]), (p[1],))
+        buf = carray(_f32p(p[2]), (p[3],))
+        table = carray(_i64p(p[4]), (p[5], 8))
+        offs = carray(_i64p(p[13]), (p[14],))
+        y = carray(_f32p(p[15]), (p[16],))
+        _cv.phase_copy_rows(xf, buf, table, p[6], p[7], p[8], p[9], p[10], p[11], p[12], i0, i1)
+        oh = p[19]
+        _pd.rows_range(buf, offs, y, p[17], p[18], oh, p[20], p[11], i0 * oh, i1 * oh)
+
+    # depthwise block: x, w, z, y (address + 4 dims each), bias (address, size),
+    # ep (address: alpha, lo, hi), sh, sw, dh, dw, pt, pl, has_z, tile
+    _DW_N = 31
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _dw_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_DW_N,))
+        x = carray(_f32p(p[0]), (p[1], p[2], p[3], p[4]))
+        w = carray(_f32p(p[5]), (p[6], p[7], p[8], p[9]))
+        z = carray(_f32p(p[10]), (p[11], p[12], p[13], p[14]))
+        y = carray(_f32p(p[15]), (p[16], p[17], p[18], p[19]))
+        bias = carray(_f32p(p[20]), (p[21],))
+        ep = carray(_f32p(p[22]), (3,))
+        _cn.depthwise_planes(x, w, bias, z, y, p[23], p[24], p[25], p[26], p[27], p[28], ep,
+                              p[29] != 0, p[30] != 0, i0, i1)
+
+    CONV_ITEMS, COPY_ITEMS = _conv_items.address, _copy_items.address
+    POOL_ITEMS, DW_ITEMS = _pool_items.address, _dw_items.address
+
+
+def splits(threads: int) -> bool:
+    """Whether work at ``threads`` intra-op threads goes to the partners
+    (:data:`ENABLED`, compiled partners and kernels, ``threads`` >= 2)."""
+    return ENABLED and HAVE_SPLIT and threads >= 2
+
+
+def team_for(threads: int):
+    """The calling thread's partner team for ``threads`` intra-op threads, or
+    None where the split does not apply (:data:`ENABLED` off, no compiled
+    partners or kernels, ``threads`` < 2)."""
+    return _partner.team(threads) if splits(threads) else None
+
+
+def _run(team, fn: int, params: np.ndarray, items: int, threads: int) -> None:
+    _partner.run_items(team, fn, params.ctypes.data, items,
+                       max(1, min(items, CHUNKS_PER_THREAD * threads, 4096)), LINGER_CYCLES)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def conv_rows(plan, buf: np.ndarray, offs: np.ndarray, wp: np.ndarray, y: np.ndarray,
+              bias: np.ndarray, z: np.ndarray, has_z: int, lo, hi, alpha, threads: int) -> bool:
+    """Work items ``0 .. plan.items - 1`` of :func:`._conv_direct.run` (its
+    ``_rows`` arguments: flat C-contiguous float32 ``buf``, ``wp``, ``y``,
+    ``bias``, ``z``; int64 ``offs``; the plan's ints) on the caller and its
+    partners. False (nothing done) where :func:`team_for` gives no team."""
+    team = team_for(threads)
+    if team is None:
+        return False
+    fl = np.array([lo, hi, alpha], np.float32)
+    params = np.array([_addr(buf), buf.size, _addr(offs), offs.size, _addr(wp), wp.size,
+                       _addr(y), y.size, _addr(bias), bias.size, _addr(z), z.size, has_z,
+                       _addr(fl), *plan.ints], np.int64)
+    _run(team, CONV_ITEMS, params, plan.items, threads)
+    return True
+
+
+def _copy_block(plan, xf: np.ndarray, buf: np.ndarray, h: int, w: int) -> list:
+    n, c, nphase, hi, wj = plan.xs_shape
+    table = plan.table
+    return [_addr(xf), xf.size, _addr(buf), buf.size, _addr(table), table.shape[0], c, h, w,
+            nphase, hi, wj, plan.key[4][1]]
+
+
+def phase_copy(plan, x: np.ndarray, buf: np.ndarray, threads: int) -> bool:
+    """:func:`._conv_direct.phase_copy` of ``x`` (float32, the plan's input
+    shape) into ``buf`` (flat float32), input planes as items, on the caller
+    and its partners. False (nothing done) without a team (:func:`team_for`)
+    or with the compiled copy off."""
+    if not _cd.COMPILED_COPY or x.ndim != 4:
+        return False
+    team = team_for(threads)
+    if team is None:
+        return False
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    params = np.array(_copy_block(plan, xf, buf, x.shape[2], x.shape[3]), np.int64)
+    _run(team, COPY_ITEMS, params, plan.xs_shape[0] * plan.xs_shape[1], threads)
+    return True
+
+
+def maxpool(plan, x: np.ndarray, buf: np.ndarray, y: np.ndarray, threads: int) -> bool:
+    """The direct MaxPool's copy and tiles (:func:`._pool_direct.maxpool2d`:
+    ``x`` float32 of the plan's input shape, ``buf`` its ``-inf`` buffer, ``y``
+    the ``(N, C, OH, OW)`` float32 output), planes as items, on the caller and
+    its partners. False (nothing done) without a team (:func:`team_for`)."""
+    team = team_for(threads)
+    if team is None:
+        return False
+    n, c, oh, ow = plan.y_shape
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    offs = plan.offs
+    params = np.array(_copy_block(plan, xf, buf, x.shape[2], x.shape[3])
+                      + [_addr(offs), offs.size, _addr(y), y.size, offs.size,
+                         int(np.prod(plan.xs_shape[2:])), oh, ow], np.int64)
+    _run(team, POOL_ITEMS, params, n * c, threads)
+    return True
+
+
+def depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray, z: np.ndarray, y: np.ndarray,
+              strides, dilations, pads_begin, ep: np.ndarray, has_z: bool, tile: bool,
+              threads: int) -> bool:
+    """:func:`._conv_numba.depthwise2d`'s planes (its ``_depthwise_serial``
+    arguments: C-contiguous float32 ``x (N, C, H, W)``, ``w (M, 1, KH, KW)``,
+    ``bias (M,)``, ``z`` (the output's shape, or a ``(1, 1, 1, 1)``
+    placeholder), ``y (N, M, OH, OW)``, ``ep`` ``[alpha, lo, hi]``) as items
+    on the caller and its partners. False (nothing done) for other dtypes or
+    without a team (:func:`team_for`)."""
+    if any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, w, bias, z, y, ep)):
+        return False
+    team = team_for(threads)
+    if team is None:
+        return False
+    params = np.array([_addr(x), *x.shape, _addr(w), *w.shape, _addr(z), *z.shape,
+                       _addr(y), *y.shape, _addr(bias), bias.size, _addr(ep),
+                       strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
+                       pads_begin[1], int(has_z), int(tile)], np.int64)
+    _run(team, DW_ITEMS, params, y.shape[0] * y.shape[1], threads)
+    return True

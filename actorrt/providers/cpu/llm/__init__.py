@@ -10,7 +10,8 @@ Map (every module is private to this package and the CPU provider):
   (``accuracy_level=4``): the weight layouts and the dispatch; its stages
   :mod:`._int8_quant` (per-32-value activation quantization) and
   :mod:`._int8_tiles` (the AVX2 integer block dot-product tile kernels),
-  :mod:`._int8_wide` (decode batches of 2-31 rows: 16-column zmm tiles) and
+  :mod:`._int8_wide` (decode batches of 2-31 rows: 16-column zmm tiles,
+  4-bit and, with AVX-512 VNNI, 8-bit weights) and
   :mod:`._int8_panel` (prompts: tiles against an unpacked panel).
 * :mod:`._contrib_numba` -- numba kernels of MatMulNBits (float activations),
   GroupQueryAttention, RMS norm, rotary embedding; thread-count control.

@@ -19,8 +19,8 @@ driver :func:`_cols` over the layouts of :mod:`._contrib_int8`'s docstring.
   :data:`._int8_panel.PANEL_MIN_ROWS` rows, 4-bit, eight columns at a time
   against an unpacked int8 panel (:mod:`._int8_panel`, the same bits);
   from :data:`._int8_wide.WIDE_MIN_ROWS` rows below that (a decode batch),
-  4-bit with zero points on AVX-512 VNNI, sixteen columns at a time in zmm
-  tiles of up to eight rows (:mod:`._int8_wide`, the same bits).
+  4-bit with zero points and 8-bit on AVX-512 VNNI, sixteen columns at a
+  time in zmm tiles of up to eight rows (:mod:`._int8_wide`, the same bits).
 
 :data:`HAVE_INT8_DOT` is False without numba, off x86-64, without AVX2, or
 when numba compiles for another CPU than the host (``NUMBA_CPU_NAME``); the
@@ -757,9 +757,10 @@ if HAVE_INT8_DOT:
 
     #: the layout hooks, for the other kernel stages (:mod:`._int8_panel`):
     #: a column's offsets / strides, whether the scales are embedded, weight
-    #: bytes a block, the weights' bits (4 or 8) from their numba type
-    column_layout, embedded_scales, block_bytes, bits_of = (_column, _embedded, _per_block,
-                                                           _bits_of)
+    #: bytes a block, the weights' bits (4 or 8) from their numba type, whether
+    #: the 8-bit layout has no zero points
+    column_layout, embedded_scales, block_bytes, bits_of, symmetric = (
+        _column, _embedded, _per_block, _bits_of, _symmetric)
 
     @njit(fastmath=True, nogil=True, cache=True)
     def _cols(xq, sx, xsum, sx_t, xs_t, w, d, dz, out, lo, hi, prefetch):  # pragma: no cover
@@ -793,10 +794,11 @@ if HAVE_INT8_DOT:
             # prefill-size M, 4-bit: eight columns at a time against a panel
             # unpacked once (the same bits as the paired tiles below)
             lo = _panel._panel_cols(xq, sx, xsum, w, d, dz, out, lo, full)
-        elif (_wide.WIDE_DECODE and m_rows >= _wide.WIDE_MIN_ROWS and per == 16 and not sym):
-            # a decode batch, 4-bit: sixteen columns at a time on zmm, each
-            # weight block unpacked in registers once for up to eight rows
-            # (the same bits as the paired tiles below)
+        elif m_rows >= _wide.WIDE_MIN_ROWS and ((_wide.WIDE_DECODE and per == 16 and not sym)
+                                                or (_wide.WIDE_DECODE8 and per == 32)):
+            # a decode batch: sixteen columns at a time on zmm, each weight
+            # block unpacked (4-bit) or transposed (8-bit) in registers once
+            # for up to eight rows (the same bits as the tiles below)
             lo = _wide._wide_cols(xq, sx, xsum, w, d, dz, out, lo, full, prefetch)
         if m_rows >= TILE_MIN_ROWS:
             r0 = 0

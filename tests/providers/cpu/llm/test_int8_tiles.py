@@ -188,11 +188,14 @@ def test_panel_tiles_equal_one_row_across_row_passes(layout):
 
 
 @needs_int8
+@pytest.mark.parametrize("bits,zp_kind", [(4, "packed"), (8, "packed"), (8, "none")])
 @pytest.mark.parametrize("layout", ["half", "f32"])
-def test_wide_decode_tiles_equal_one_row(layout):
-    # a decode batch (2 .. PANEL_MIN_ROWS - 1 rows), 4-bit with zero points:
-    # sixteen columns at a time in zmm tiles of 8 / 4 / 2 / 1 rows
-    # (_int8_wide) where the host has AVX-512 VNNI, else the paired tiles.
+def test_wide_decode_tiles_equal_one_row(layout, bits, zp_kind):
+    # a decode batch (2 .. PANEL_MIN_ROWS - 1 rows): sixteen columns at a
+    # time in zmm tiles of 8 / 4 / 2 / 1 rows (_int8_wide) where the host has
+    # AVX-512 VNNI, else the ymm tiles. 4-bit with zero points; 8-bit with
+    # zero points and without (GGUF Q8_0: symmetric, "half" then has no
+    # zero-point terms at all).
     # N = 87: five 16-column chunks, one group of four, three tail columns;
     # K = 208 (seven blocks, zero-padded); parallel chunks starting at odd
     # groups; an output that is a column slice of a wider array (row pitch
@@ -201,25 +204,30 @@ def test_wide_decode_tiles_equal_one_row(layout):
     from actorrt.providers.cpu.llm import _int8_wide as iw
     rng = np.random.default_rng(23)
     n, nb, k = 87, 7, 208
-    b, s, zp = weights(rng, n, nb, 4, "packed", layout)
-    p = cq.pack_nbits(b.reshape(n, -1), s, zp, k=k, n=n, bits=4, block_size=32,
+    b, s, zp = weights(rng, n, nb, bits, zp_kind, layout)
+    if bits == 8:  # the extremes: q - 128 = -128 and 127 next to each other
+        b[0, :, :2] = (0, 255)
+    p = cq.pack_nbits(b.reshape(n, -1), s, zp, k=k, n=n, bits=bits, block_size=32,
                       use_numba=True, int8=True)
+    serial = ci._serial_q4 if bits == 4 else ci._serial_q8
+    par_kernel = ci._par_q4 if bits == 4 else ci._par_q8
+    on = iw.WIDE_DECODE if bits == 4 else iw.WIDE_DECODE8
     m_all = ip.PANEL_MIN_ROWS - 1 if ip.PANEL_MIN_ROWS > 1 else 31
     a = np.zeros((m_all, nb * 32), np.float32)
     a[:, :k] = (rng.standard_normal((m_all, k)) * rng.choice([0.1, 1.0, 30.0], (m_all, k)))
     alone = np.empty((m_all, n), np.float32)
     for r in range(m_all):
-        ci._serial_q4(a[r:r + 1], p.qi, p.scales, p.dz, alone[r:r + 1])
-    want, mag = integer_reference(a, b.reshape(n, -1), s, zp, 4)
+        serial(a[r:r + 1], p.qi, p.scales, p.dz, alone[r:r + 1])
+    want, mag = integer_reference(a, b.reshape(n, -1), s, zp, bits)
     assert np.all(np.abs(alone - want) <= 1e-5 * mag + 1e-30)
     for m in (2, 3, 5, 7, 8, 9, 15, 16, m_all):
         got = np.empty((m, n), np.float32)
-        ci._serial_q4(a[:m], p.qi, p.scales, p.dz, got)
+        serial(a[:m], p.qi, p.scales, p.dz, got)
         np.testing.assert_array_equal(got, alone[:m], err_msg=f"M={m}")
         par = np.empty((m, n), np.float32)
         nbk.set_num_threads(2)
         try:
-            nbk._parallel(ci._par_q4, a[:m], p.qi, p.scales, p.dz, par, 3)
+            nbk._parallel(par_kernel, a[:m], p.qi, p.scales, p.dz, par, 3)
         finally:
             nbk.set_num_threads(None)
         np.testing.assert_array_equal(par, alone[:m], err_msg=f"M={m}, parallel")
@@ -230,7 +238,7 @@ def test_wide_decode_tiles_equal_one_row(layout):
         it._cols(xq, sx, xsum, t, t, p.qi, p.scales, p.dz, view, 0, n, 1)
         np.testing.assert_array_equal(view, alone[:m], err_msg=f"M={m}, strided out")
         assert np.isnan(wide[:, :20]).all() and np.isnan(wide[:, 20 + n:]).all()
-        if iw.WIDE_DECODE:  # the wide tiles alone: columns 4 .. 4 + 16j, from a group start
+        if on:  # the wide tiles alone: columns 4 .. 4 + 16j, from a group start
             part = np.full((m, n), np.nan, np.float32)
             stop = iw._wide_cols(xq, sx, xsum, p.qi, p.scales, p.dz, part, 4, n - n % 4, 0)
             assert stop == 4 + (n - n % 4 - 4) // 16 * 16

@@ -114,7 +114,19 @@ def test_global_average_pool_equals_onnxruntime(dt, channels_last):
                           [("x", x, False), ("sx", sx, True), ("zx", zx, True),
                            ("sy", sy, True), ("zy", zy, True)],
                           {"channels_last": channels_last}, out_dtype=dt)
-    _close(got, want)
+    # the mean of 35 integers times sx / sy = 2.5 lands within float error of
+    # a .5 tie on ~1 output in 14; onnxruntime's float32 pipeline breaks such
+    # near-ties either way (which way depends on its CPU code path), so on
+    # 6 outputs a fraction bound cannot hold: every output must equal
+    # onnxruntime's except at a near-tie of the exact value, and there by one
+    axes = (1, 2) if channels_last else (2, 3)
+    exact = ((x.astype(np.float64) - float(zx)).mean(axis=axes, keepdims=True)
+             * float(sx) / float(sy))
+    near_tie = np.abs(exact - np.floor(exact) - 0.5) < 1e-4
+    d = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert d.max() <= 1, d.max()
+    assert not (d > 0)[~near_tie].any(), (got, want, exact)
 
 
 @pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3]},

@@ -71,9 +71,9 @@ CHUNKS_PER_THREAD = 4
 #: the loaded 2-core machine (2.06x onnxruntime against 1.66x, median of 40
 #: rounds; mobilenetish within noise): lower them only where an idle machine
 #: shows the small layers' split paying
-MIN_CONV_FLOPS = 1 << 23
-MIN_DEPTHWISE_WORK = 1 << 20
-MIN_POOL_WORK = 1 << 18
+MIN_CONV_FLOPS = 1 << 20
+MIN_DEPTHWISE_WORK = 1 << 17
+MIN_POOL_WORK = 1 << 16
 
 HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
 

@@ -2,11 +2,13 @@
 starts: ``old`` (main: per-call ``np.array`` parameter blocks, a new phase
 buffer per call, thresholds 8M conv flops / 1M depthwise / 256K pool work),
 ``blocks`` (the template blocks and pooled buffers, old thresholds) and
-``new`` (template blocks, the module's current thresholds), onnxruntime timed
-in the same rounds.
+``new`` (template blocks, the module's current thresholds or ``--new``'s; with
+ReduceMean's ones-vector product, which ``old`` and ``blocks`` leave off),
+onnxruntime timed in the same rounds.
 
     python benchmarks/ab_split_thresholds.py [--models resnetish,mobilenetish,densenet121,inception_v2]
                                              [--threads 2] [--rounds 15] [--budget 0.3]
+                                             [--new CONV,DW,POOL (log2 thresholds)]
 
 One actorrt session per model at ``--threads`` (one onnxruntime session with
 ``intra_op_num_threads`` the same, ``inter_op_num_threads = 1``); each round
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--budget", type=float, default=0.3)
+    ap.add_argument("--new", default="", help="log2 thresholds conv,dw,pool for 'new'")
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[v] = str(args.threads)
@@ -42,9 +45,11 @@ def main() -> None:
 
     import actorrt
     import bench_models
-    from actorrt.providers.cpu import _conv_direct, _conv_split
+    from actorrt.providers.cpu import _conv_direct, _conv_split, reduce
 
     cur = (_conv_split.MIN_CONV_FLOPS, _conv_split.MIN_DEPTHWISE_WORK, _conv_split.MIN_POOL_WORK)
+    if args.new:
+        cur = tuple(1 << int(v) for v in args.new.split(","))
     old = (1 << 23, 1 << 20, 1 << 18)
     configs = {"old": (False, old), "blocks": (True, old), "new": (True, cur)}
     print(f"thresholds old {old}, new {cur}", flush=True)
@@ -52,6 +57,7 @@ def main() -> None:
     def use(key):
         blocks, (conv, dw, pool) = configs[key]
         _conv_split.SPLIT_BLOCKS = _conv_direct.REUSE_BUFFERS = blocks
+        reduce.MEAN_DOT = key == "new"
         _conv_split.MIN_CONV_FLOPS, _conv_split.MIN_DEPTHWISE_WORK = conv, dw
         _conv_split.MIN_POOL_WORK = pool
 

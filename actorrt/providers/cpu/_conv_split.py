@@ -65,15 +65,19 @@ CHUNKS_PER_THREAD = 4
 
 #: the partners take a direct convolution from this many flops, a depthwise
 #: one from this many output elements x taps and a MaxPool from this many:
-#: where the chunk loop starts (:data:`._conv_direct.PARALLEL_MIN_FLOPS`,
+#: below the chunk loop's start (:data:`._conv_direct.PARALLEL_MIN_FLOPS` 8M,
 #: :data:`._conv_numba.PARALLEL_MIN_WORK`, :data:`._pool_direct.PARALLEL_MIN_WORK`).
-#: Lower ones (2M / 128K / 64K) made resnetish slower in the interleaved A/B on
-#: the loaded 2-core machine (2.06x onnxruntime against 1.66x, median of 40
-#: rounds; mobilenetish within noise): lower them only where an idle machine
-#: shows the small layers' split paying
-MIN_CONV_FLOPS = 1 << 20
-MIN_DEPTHWISE_WORK = 1 << 17
-MIN_POOL_WORK = 1 << 16
+#: Before the template blocks, 2M / 128K / 64K made resnetish 1.42x slower
+#: (idle, round 9). With them (docs/speed.md round 10; interleaved A/B of
+#: ``benchmarks/ab_split_thresholds.py``, 40 rounds, on the 2-core machine
+#: shared with another engineer's benchmarks): 4M / 256K / 128K gave new/old
+#: resnetish 0.83 and 0.99, mobilenetish 0.86; 1M / 128K / 64K gave resnetish
+#: 0.99-1.07 in three runs, mobilenetish 0.96-1.00: the middle ones stay. A
+#: split 3x3 conv of 0.3-14M flops still lost to one thread on the loaded
+#: machine (1.06-1.42x): lower them only where an idle machine shows it paying
+MIN_CONV_FLOPS = 1 << 22
+MIN_DEPTHWISE_WORK = 1 << 18
+MIN_POOL_WORK = 1 << 17
 
 HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
 

@@ -448,10 +448,15 @@ def _offsets(cg, kernel, strides, dilations, hi, wj):
 
 class Plan:
     """Everything :func:`run` needs that depends only on the input signature
-    (from :func:`make_plan`; immutable, shareable between threads)."""
+    (from :func:`make_plan`; immutable, shareable between threads).
+
+    ``blocks`` (None until first used) and ``bufs`` are the plan's free lists
+    of scratch that calls take and hand back (list pop / append: concurrent
+    calls each take their own): :mod:`._conv_split`'s template parameter
+    blocks and :func:`run`'s phase-split buffers (:data:`REUSE_BUFFERS`)."""
 
     __slots__ = ("offs", "total", "copies", "table", "xs_shape", "y_shape", "rows", "ints", "items",
-                 "mr", "mb", "mg", "g", "split", "flops", "key")
+                 "mr", "mb", "mg", "g", "split", "flops", "key", "blocks", "bufs")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -525,7 +530,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 flops=2 * n * group * mg * r * oh * ow,
                 key=(tuple(x_shape), tuple(wpack_shape), group, tuple(kernel), tuple(strides),
-                     tuple(dilations), tuple(pb), tuple(out_shape)))
+                     tuple(dilations), tuple(pb), tuple(out_shape)), blocks=None, bufs=[])
 
 
 def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: float,
@@ -543,7 +548,14 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     if plan.copies is None:  # read in place (masked loads: nothing past the rows)
         buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     else:
-        buf = np.zeros(plan.total, np.float32)
+        buf = None
+        if REUSE_BUFFERS:
+            try:
+                buf = plan.bufs.pop()  # pads still zero: the copy writes only input cells
+            except IndexError:
+                pass
+        if buf is None:
+            buf = np.zeros(plan.total, np.float32)
         if threads <= 1 or plan.xs_shape[0] * plan.xs_shape[1] < 2 or \
                 not _split().phase_copy(plan, x, buf, threads):
             phase_copy(plan, x, buf)
@@ -572,7 +584,14 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         per = -(-items // (_parallel.CHUNKS_PER_THREAD * threads))
         _parallel.run_chunks(lambda i: rows(*args, i * per, min(items, (i + 1) * per)),
                              -(-items // per), threads)
+    if REUSE_BUFFERS and plan.copies is not None:
+        plan.bufs.append(buf)
     return y
+
+
+#: hand :func:`run`'s phase-split buffers back to the plan for later calls
+#: (off: a new zeroed buffer per call, the A/B baseline)
+REUSE_BUFFERS = True
 
 
 def _split():

@@ -26,6 +26,15 @@ Each returns False (nothing done) where the partners do not apply
 one intra-op thread); the callers then keep their :mod:`._parallel` /
 one-thread paths. A split result equals the one-thread result bit for bit
 (every item is computed the same way whichever thread runs it).
+
+Parameter blocks (:data:`SPLIT_BLOCKS`): a plan's constant slots (the plan's
+ints, its offset and phase tables) are written once into a template block
+kept on the plan (``Plan.blocks``); a call takes a copy of it from the plan's
+free list and a compiled ``_fill_*`` helper writes the per-call array
+addresses and sizes into it (no numpy array built from a Python list, no
+``ndarray.ctypes`` per operand), then hands the copy back. Depthwise blocks
+carry no constants and come from one module free list. Off, every call builds
+its blocks with ``np.array`` as before (the A/B baseline).
 """
 
 from __future__ import annotations
@@ -37,13 +46,16 @@ import numpy as np
 from . import _conv_direct as _cd
 from . import _partner
 
-__all__ = ["ENABLED", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
+__all__ = ["ENABLED", "SPLIT_BLOCKS", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
            "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK", "splits", "team_for",
            "conv_rows", "phase_copy", "depthwise", "maxpool"]
 
 #: post the convolution / pooling items to the partner threads (tests switch
 #: it off to check the :mod:`._parallel` fallback)
 ENABLED = True
+#: reuse per-plan template parameter blocks, filled by compiled helpers (off:
+#: build each call's blocks with ``np.array``, the A/B baseline)
+SPLIT_BLOCKS = True
 #: cycle-counter ticks (2.6 GHz here: ~1 ms) the partners keep spinning after a
 #: convolution / pooling job before they may park
 LINGER_CYCLES = 2_600_000
@@ -53,15 +65,19 @@ CHUNKS_PER_THREAD = 4
 
 #: the partners take a direct convolution from this many flops, a depthwise
 #: one from this many output elements x taps and a MaxPool from this many:
-#: where the chunk loop starts (:data:`._conv_direct.PARALLEL_MIN_FLOPS`,
+#: below the chunk loop's start (:data:`._conv_direct.PARALLEL_MIN_FLOPS` 8M,
 #: :data:`._conv_numba.PARALLEL_MIN_WORK`, :data:`._pool_direct.PARALLEL_MIN_WORK`).
-#: Lower ones (2M / 128K / 64K) made resnetish slower in the interleaved A/B on
-#: the loaded 2-core machine (2.06x onnxruntime against 1.66x, median of 40
-#: rounds; mobilenetish within noise): lower them only where an idle machine
-#: shows the small layers' split paying
-MIN_CONV_FLOPS = 1 << 23
-MIN_DEPTHWISE_WORK = 1 << 20
-MIN_POOL_WORK = 1 << 18
+#: Before the template blocks, 2M / 128K / 64K made resnetish 1.42x slower
+#: (idle, round 9). With them (docs/speed.md round 10; interleaved A/B of
+#: ``benchmarks/ab_split_thresholds.py``, 40 rounds, on the 2-core machine
+#: shared with another engineer's benchmarks): 4M / 256K / 128K gave new/old
+#: resnetish 0.83 and 0.99, mobilenetish 0.86; 1M / 128K / 64K gave resnetish
+#: 0.99-1.07 in three runs, mobilenetish 0.96-1.00: the middle ones stay. A
+#: split 3x3 conv of 0.3-14M flops still lost to one thread on the loaded
+#: machine (1.06-1.42x): lower them only where an idle machine shows it paying
+MIN_CONV_FLOPS = 1 << 22
+MIN_DEPTHWISE_WORK = 1 << 18
+MIN_POOL_WORK = 1 << 17
 
 HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
 
@@ -150,6 +166,108 @@ if HAVE_SPLIT:
     CONV_ITEMS, COPY_ITEMS = _conv_items.address, _copy_items.address
     POOL_ITEMS, DW_ITEMS = _pool_items.address, _dw_items.address
 
+    from numba import njit
+
+    # the per-call slots of a template block (its constants are already in)
+    @njit(nogil=True, cache=True)
+    def _fill_conv(p, f, buf, wp, y, bias, z, has_z, lo, hi, alpha):  # pragma: no cover
+        p[0] = buf.ctypes.data
+        p[1] = buf.size
+        p[4] = wp.ctypes.data
+        p[5] = wp.size
+        p[6] = y.ctypes.data
+        p[7] = y.size
+        p[8] = bias.ctypes.data
+        p[9] = bias.size
+        p[10] = z.ctypes.data
+        p[11] = z.size
+        p[12] = has_z
+        f[0] = lo
+        f[1] = hi
+        f[2] = alpha
+
+    @njit(nogil=True, cache=True)
+    def _fill_copy(p, xf, buf, h, w):  # pragma: no cover
+        p[0] = xf.ctypes.data
+        p[1] = xf.size
+        p[2] = buf.ctypes.data
+        p[3] = buf.size
+        p[7] = h
+        p[8] = w
+
+    @njit(nogil=True, cache=True)
+    def _fill_pool(p, xf, buf, y, h, w):  # pragma: no cover
+        p[0] = xf.ctypes.data
+        p[1] = xf.size
+        p[2] = buf.ctypes.data
+        p[3] = buf.size
+        p[7] = h
+        p[8] = w
+        p[15] = y.ctypes.data
+        p[16] = y.size
+
+    @njit(nogil=True, cache=True)
+    def _fill_dw(p, x, w, z, y, bias, ep, sh, sw, dh, dw, pt, pl, has_z, tile):  # pragma: no cover
+        p[0] = x.ctypes.data
+        p[5] = w.ctypes.data
+        p[10] = z.ctypes.data
+        p[15] = y.ctypes.data
+        for i in range(4):
+            p[1 + i] = x.shape[i]
+            p[6 + i] = w.shape[i]
+            p[11 + i] = z.shape[i]
+            p[16 + i] = y.shape[i]
+        p[20] = bias.ctypes.data
+        p[21] = bias.size
+        p[22] = ep.ctypes.data
+        p[23] = sh
+        p[24] = sw
+        p[25] = dh
+        p[26] = dw
+        p[27] = pt
+        p[28] = pl
+        p[29] = has_z
+        p[30] = tile
+
+
+class _Block:
+    """One parameter block: the int64 slots ``p`` (a copy of a template), a
+    float32 area ``f`` (the conv block's ``lo, hi, alpha``; its address goes
+    to slot ``f_slot`` when given) and ``p``'s address."""
+
+    __slots__ = ("p", "f", "addr")
+
+    def __init__(self, template: np.ndarray, f_slot: int | None = None):
+        self.p = template.copy()
+        self.f = np.zeros(3, np.float32)
+        if f_slot is not None:
+            self.p[f_slot] = self.f.ctypes.data
+        self.addr = self.p.ctypes.data
+
+
+def _take(plan, kind: str, make, f_slot: int | None = None) -> _Block:
+    """A free block of ``kind`` from ``plan.blocks`` (kind -> (template, free
+    list); the int64 template ``make()`` builds once per plan and kind).
+    Hand it back with :func:`_give`; list pop / append keep concurrent calls
+    on one plan apart (each takes its own block)."""
+    blocks = plan.blocks
+    if blocks is None:
+        blocks = plan.blocks = {}
+    entry = blocks.get(kind)
+    if entry is None:
+        entry = blocks[kind] = (make(), [])
+    try:
+        return entry[1].pop()
+    except IndexError:
+        return _Block(entry[0], f_slot)
+
+
+def _give(plan, kind: str, blk: _Block) -> None:
+    plan.blocks[kind][1].append(blk)
+
+
+_DW_FREE: list = []
+
 
 def splits(threads: int) -> bool:
     """Whether work at ``threads`` intra-op threads goes to the partners
@@ -165,8 +283,42 @@ def team_for(threads: int):
 
 
 def _run(team, fn: int, params: np.ndarray, items: int, threads: int) -> None:
-    _partner.run_items(team, fn, params.ctypes.data, items,
+    _run_addr(team, fn, params.ctypes.data, items, threads)
+
+
+def _run_addr(team, fn: int, addr: int, items: int, threads: int) -> None:
+    _partner.run_items(team, fn, addr, items,
                        max(1, min(items, CHUNKS_PER_THREAD * threads, 4096)), LINGER_CYCLES)
+
+
+def _conv_template(plan) -> np.ndarray:
+    """The conv block's constants: offs (address, size) and the plan's ints."""
+    p = np.zeros(_CONV_N, np.int64)
+    p[2], p[3] = _addr(plan.offs), plan.offs.size
+    p[14:] = plan.ints
+    return p
+
+
+def _copy_template(plan, n: int = None) -> np.ndarray:
+    """The phase copy block's constants (table, c, nphase, hi, wj, sw), in a
+    block of ``n`` slots (the copy block's 13 by default)."""
+    _, c, nphase, hi, wj = plan.xs_shape
+    table = plan.table
+    p = np.zeros(n or _COPY_N, np.int64)
+    p[4], p[5], p[6] = _addr(table), table.shape[0], c
+    p[9:13] = nphase, hi, wj, plan.key[4][1]
+    return p
+
+
+def _pool_template(plan) -> np.ndarray:
+    """The MaxPool block's constants: the copy block's, offs, ntaps, the
+    phase-split plane size, OH, OW."""
+    p = _copy_template(plan, _POOL_N)
+    offs = plan.offs
+    p[13], p[14] = _addr(offs), offs.size
+    p[17], p[18] = offs.size, int(np.prod(plan.xs_shape[2:]))
+    p[19], p[20] = plan.y_shape[2], plan.y_shape[3]
+    return p
 
 
 def _addr(a: np.ndarray) -> int:
@@ -182,6 +334,12 @@ def conv_rows(plan, buf: np.ndarray, offs: np.ndarray, wp: np.ndarray, y: np.nda
     team = team_for(threads)
     if team is None:
         return False
+    if SPLIT_BLOCKS:
+        blk = _take(plan, "conv", lambda: _conv_template(plan), 13)
+        _fill_conv(blk.p, blk.f, buf, wp, y, bias, z, has_z, lo, hi, alpha)
+        _run_addr(team, CONV_ITEMS, blk.addr, plan.items, threads)
+        _give(plan, "conv", blk)
+        return True
     fl = np.array([lo, hi, alpha], np.float32)
     params = np.array([_addr(buf), buf.size, _addr(offs), offs.size, _addr(wp), wp.size,
                        _addr(y), y.size, _addr(bias), bias.size, _addr(z), z.size, has_z,
@@ -208,8 +366,15 @@ def phase_copy(plan, x: np.ndarray, buf: np.ndarray, threads: int) -> bool:
     if team is None:
         return False
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    items = plan.xs_shape[0] * plan.xs_shape[1]
+    if SPLIT_BLOCKS:
+        blk = _take(plan, "copy", lambda: _copy_template(plan))
+        _fill_copy(blk.p, xf, buf, x.shape[2], x.shape[3])
+        _run_addr(team, COPY_ITEMS, blk.addr, items, threads)
+        _give(plan, "copy", blk)
+        return True
     params = np.array(_copy_block(plan, xf, buf, x.shape[2], x.shape[3]), np.int64)
-    _run(team, COPY_ITEMS, params, plan.xs_shape[0] * plan.xs_shape[1], threads)
+    _run(team, COPY_ITEMS, params, items, threads)
     return True
 
 
@@ -223,6 +388,12 @@ def maxpool(plan, x: np.ndarray, buf: np.ndarray, y: np.ndarray, threads: int) -
         return False
     n, c, oh, ow = plan.y_shape
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if SPLIT_BLOCKS:
+        blk = _take(plan, "pool", lambda: _pool_template(plan))
+        _fill_pool(blk.p, xf, buf, y, x.shape[2], x.shape[3])
+        _run_addr(team, POOL_ITEMS, blk.addr, n * c, threads)
+        _give(plan, "pool", blk)
+        return True
     offs = plan.offs
     params = np.array(_copy_block(plan, xf, buf, x.shape[2], x.shape[3])
                       + [_addr(offs), offs.size, _addr(y), y.size, offs.size,
@@ -245,6 +416,16 @@ def depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray, z: np.ndarray, y: 
     team = team_for(threads)
     if team is None:
         return False
+    if SPLIT_BLOCKS:
+        try:
+            blk = _DW_FREE.pop()
+        except IndexError:
+            blk = _Block(np.zeros(_DW_N, np.int64))
+        _fill_dw(blk.p, x, w, z, y, bias, ep, strides[0], strides[1], dilations[0],
+                 dilations[1], pads_begin[0], pads_begin[1], int(has_z), int(tile))
+        _run_addr(team, DW_ITEMS, blk.addr, y.shape[0] * y.shape[1], threads)
+        _DW_FREE.append(blk)
+        return True
     params = np.array([_addr(x), *x.shape, _addr(w), *w.shape, _addr(z), *z.shape,
                        _addr(y), *y.shape, _addr(bias), bias.size, _addr(ep),
                        strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],

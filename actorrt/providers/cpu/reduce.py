@@ -49,7 +49,43 @@ def _sum(x, axes, keepdims):
     return np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype)
 
 
+#: ReduceMean over trailing axes of a C-contiguous float32 / float64 tensor
+#: (a global average pool) as one matrix-vector product with a ones vector
+#: (BLAS) instead of ``np.mean``'s reduction loop
+MEAN_DOT = True
+_ONES: dict = {}
+
+
+def _mean_dot(x: np.ndarray, axes: tuple, keepdims: bool):
+    """``x``'s mean over ``axes`` when they are its last ones (``x`` C-contiguous
+    float32 / float64, non-empty, at least one axis kept) by ``x.reshape(-1,
+    k) @ ones(k) / k``, else None. Within float rounding of ``np.mean``
+    (another summation order)."""
+    nd = x.ndim
+    r = len(axes)
+    if not MEAN_DOT or r == 0 or r >= nd or x.dtype not in (np.float32, np.float64) \
+            or not x.flags.c_contiguous or tuple(axes) != tuple(range(nd - r, nd)):
+        return None
+    k = 1
+    for a in axes:
+        k *= x.shape[a]
+    if k < 2 or x.size == 0:
+        return None
+    ones = _ONES.get((k, x.dtype))
+    if ones is None:
+        ones = _ONES[(k, x.dtype)] = np.ones(k, x.dtype)
+        if len(_ONES) > 64:
+            _ONES.clear()
+    y = x.reshape(-1, k) @ ones
+    y /= x.dtype.type(k)
+    keep = x.shape[:nd - r]
+    return y.reshape(keep + (1,) * r if keepdims else keep)
+
+
 def _mean(x, axes, keepdims):
+    y = _mean_dot(x, axes, keepdims)
+    if y is not None:
+        return y
     if x.size == 0:  # 0 / 0: NaN for floats, without numpy's empty-slice warning
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.sum(x, axis=axes, keepdims=keepdims, dtype=x.dtype) / x.dtype.type(0)

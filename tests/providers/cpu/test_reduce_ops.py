@@ -96,3 +96,32 @@ def test_arg_reductions(op, axis, keepdims, last):
 def test_argmax_opset1_default_axis():
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     check_node("ArgMax", {"x": x}, opset=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("shape,axes", [((4, 512, 2, 2), [2, 3]), ((2, 7, 9, 5), [-1, -2]),
+                                        ((3, 5, 11), [2]), ((2, 3, 4, 5), [1, 2, 3]),
+                                        ((2, 3, 4, 5), [1, 3])])
+def test_reduce_mean_trailing_axes(shape, axes, keepdims, dtype):
+    """ReduceMean over trailing axes (the ones-vector product) and over
+    others (``np.mean``): the reference evaluator's values, float tolerance."""
+    check_node("ReduceMean", {"x": _data("ReduceMean", shape, dtype),
+                              "axes": np.array(axes, dtype=np.int64)}, opset=18,
+               keepdims=keepdims)
+
+
+def test_reduce_mean_dot_path_and_fallback():
+    """The ones-vector product takes trailing axes of C-contiguous floats only,
+    and equals ``np.mean`` within float32 rounding."""
+    from actorrt.providers.cpu import reduce as red
+
+    x = _data("ReduceMean", (4, 64, 7, 7))
+    y = red._mean_dot(x, (2, 3), True)
+    assert y is not None and y.shape == (4, 64, 1, 1) and y.dtype == np.float32
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+                               rtol=1e-5, atol=1e-6)
+    assert red._mean_dot(x, (1, 3), True) is None              # not trailing
+    assert red._mean_dot(x, (0, 1, 2, 3), False) is None       # nothing kept
+    assert red._mean_dot(x.transpose(0, 1, 3, 2), (2, 3), True) is None  # not C-contiguous
+    assert red._mean_dot(x.astype(np.float16), (2, 3), True) is None

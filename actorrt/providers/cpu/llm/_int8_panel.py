@@ -210,20 +210,7 @@ if _t.HAVE_INT8_DOT:
                         isum = builder.call(maddwd, [s16, ones])
                     new[h].append(builder.fadd(accs[h][r], builder.fmul(
                         builder.sitofp(isum, vf), svs[r], flags=fast), flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for h in range(2):
-                for phi, val in zip(accs[h], new[h]):
-                    phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-            builder.position_at_end(done)
-            finals = [[], []]
-            for h in range(2):
-                for val in new[h]:
-                    phi = builder.phi(vf)
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(val, loop)
-                    finals[h].append(phi)
+            finals = _h.close_loop(builder, b, nb, entry, loop, done, accs, new, zero)
             # the zero-point terms in a loop of their own, as the paired tile
             zentry, zloop, zdone, b2 = _h.block_loop(builder, nb, "i8ptilez")
             zaccs = [builder.phi(vf) for _ in range(rows)]

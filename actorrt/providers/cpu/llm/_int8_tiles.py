@@ -267,6 +267,29 @@ if HAVE_INT8_DOT:
         b.add_incoming(_i64(0), entry)
         return entry, loop, done, b
 
+    def _close_loop(builder, b, nb, entry, loop, done, accs, new, zero):
+        """Close a :func:`_block_loop` whose accumulator phis are ``accs``
+        (lists of phis) and whose loop values are ``new`` (the same shape):
+        branch back with ``b + 1 < nb``, then, at ``done``, the final values
+        (``zero`` where the loop did not run), in ``accs``' shape."""
+        b1 = builder.add(b, _i64(1))
+        b.add_incoming(b1, loop)
+        for part_phis, part_new in zip(accs, new):
+            for phi, val in zip(part_phis, part_new):
+                phi.add_incoming(val, loop)
+        builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
+        builder.position_at_end(done)
+        finals = []
+        for part_new in new:
+            out = []
+            for val in part_new:
+                phi = builder.phi(val.type)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, loop)
+                out.append(phi)
+            finals.append(out)
+        return finals
+
     def _dot_rows_codegen(bits, rows):
         """IR of, for r < rows: sum over blocks b < nb of d[d_off + b*dstride]
         * sx[s_off + r*nb + b] * sum_i(w_i * xq[x_off + r*nb*32 + b*32 + i])
@@ -693,7 +716,8 @@ if HAVE_INT8_DOT:
         return intrinsic(typer)
 
     #: the IR helpers, for the other kernel stages (:mod:`._int8_panel`)
-    IR = SimpleNamespace(unpack=_unpack, block_loop=_block_loop, load_vec=_load_vec,
+    IR = SimpleNamespace(unpack=_unpack, block_loop=_block_loop, close_loop=_close_loop,
+                         load_vec=_load_vec,
                          load_scales=_load_scales, load_zero_points=_load_zero_points,
                          splat=_splat, broadcast=_broadcast, declare=_declare, dpbusd=_dpbusd,
                          dpbusd512=_dpbusd512,

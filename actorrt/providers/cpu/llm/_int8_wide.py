@@ -139,20 +139,7 @@ if _t.HAVE_INT8_DOT:
                         _h.dpbusd512(builder, _h.dpbusd512(builder, None, *prods[2]), *prods[3]))
                     new[h].append(builder.fadd(accs[h][r], builder.fmul(
                         builder.sitofp(isum, v16f), sv, flags=fast), flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for h in range(2):
-                for phi, val in zip(accs[h], new[h]):
-                    phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-            builder.position_at_end(done)
-            finals = [[], []]
-            for h in range(2):
-                for val in new[h]:
-                    phi = builder.phi(v16f)
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(val, loop)
-                    finals[h].append(phi)
+            finals = _h.close_loop(builder, b, nb, entry, loop, done, accs, new, zero)
             # the zero-point terms in a loop of their own, as the paired tile
             zentry, zloop, zdone, b2 = _h.block_loop(builder, nb, "i8dtilez")
             zaccs = [builder.phi(v16f) for _ in range(rows)]
@@ -299,20 +286,7 @@ if _t.HAVE_INT8_DOT:
                         xsv = bcast(builder.load(builder.gep(ua, [s_r])))
                         acc = builder.fsub(acc, builder.fmul(zv, xsv, flags=fast), flags=fast)
                     new[h].append(acc)
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for h in range(2):
-                for phi, val in zip(accs[h], new[h]):
-                    phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-            builder.position_at_end(done)
-            finals = [[], []]
-            for h in range(2):
-                for val in new[h]:
-                    phi = builder.phi(v16f)
-                    phi.add_incoming(zero, entry)
-                    phi.add_incoming(val, loop)
-                    finals[h].append(phi)
+            finals = _h.close_loop(builder, b, nb, entry, loop, done, accs, new, zero)
             for r in range(rows):
                 o_r = builder.add(o_off, builder.mul(o_ld, _i64(r)))
                 builder.store(builder.fadd(finals[0][r], finals[1][r]),

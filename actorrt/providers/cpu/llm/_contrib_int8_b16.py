@@ -74,22 +74,22 @@ if _i8.HAVE_INT8_DOT:
 
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
-                                       nb) = _tiles._unpack(context, builder, sig, args,
+                                       nb) = _tiles.IR.unpack(context, builder, sig, args,
                                                          (0, 3, 5, 6, 8, 9),
                                                          (1, 2, 4, 7, 10, 11, 12, 13))
-            ops = _tiles._declare(builder)
+            ops = _tiles.IR.declare(builder)
             v32, v8f, v2f = _V(ir.IntType(8), 32), _V(_f32, 8), _V(_f32, 2)
-            zero = _tiles._splat(_f32, 0.0, 8)
+            zero = _tiles.IR.splat(_f32, 0.0, 8)
             fast = ("contract",)
             row_x = builder.mul(nb, _i64(32))  # in the entry block, before the phis
-            entry, loop, done, b = _tiles._block_loop(builder, nb, "i8b16")
+            entry, loop, done, b = _tiles.IR.block_loop(builder, nb, "i8b16")
             accs = [builder.phi(v8f) for _ in range(rows)]
             for phi in accs:
                 phi.add_incoming(zero, entry)
             step = builder.mul(b, dstride)
-            d8 = _tiles._load_vec(builder, da, builder.add(d_off, step), v8f)
-            z8 = _tiles._load_vec(builder, za, builder.add(z_off, step), v8f)
-            wts = [_tiles._weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
+            d8 = _tiles.IR.load_vec(builder, da, builder.add(d_off, step), v8f)
+            z8 = _tiles.IR.load_vec(builder, za, builder.add(z_off, step), v8f)
+            wts = [_tiles.IR.weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
                                      ops[2], wstride) for c in range(4)]
             x_at = builder.add(x_off, builder.mul(b, _i64(32)))
             s_at = builder.add(s_off, b)
@@ -106,33 +106,22 @@ if _i8.HAVE_INT8_DOT:
             ab = ir.Constant(_V(_i32, 8), [0, 1, 0, 1, 0, 1, 0, 1])
             new = []
             for r in range(rows):
-                xv = _tiles._load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))),
+                xv = _tiles.IR.load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))),
                                    v32)
-                sums = [_tiles._block_isum(builder, ops, wv, ws, xv) for wv, ws in wts]
+                sums = [_tiles.IR.block_isum(builder, ops, wv, ws, xv) for wv, ws in wts]
                 p01, p23 = pairs(sums[0], sums[1]), pairs(sums[2], sums[3])
                 isum = builder.add(builder.shuffle_vector(p01, p23, even),
                                    builder.shuffle_vector(p01, p23, odd))
                 s_r = builder.add(s_at, builder.mul(nb, _i64(r)))
-                sxv = _tiles._broadcast(builder, builder.load(builder.gep(sa, [s_r])))
-                xs2 = _tiles._load_vec(builder, ua, builder.mul(s_r, _i64(2)), v2f)
+                sxv = _tiles.IR.broadcast(builder, builder.load(builder.gep(sa, [s_r])))
+                xs2 = _tiles.IR.load_vec(builder, ua, builder.mul(s_r, _i64(2)), v2f)
                 xs8 = builder.shuffle_vector(xs2, xs2, ab)
                 acc = builder.fadd(accs[r], builder.fmul(builder.sitofp(isum, v8f),
                                                          builder.fmul(d8, sxv, flags=fast),
                                                          flags=fast), flags=fast)
                 new.append(builder.fsub(acc, builder.fmul(z8, xs8, flags=fast), flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(v8f)  # every phi first, then the reductions
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
+            (finals,) = _tiles.IR.close_loop(builder, b, nb, entry, loop, done, [accs], [new],
+                                             zero)
             outs = []
             for r in range(rows):
                 a4 = builder.shuffle_vector(finals[r], finals[r],
@@ -150,7 +139,7 @@ if _i8.HAVE_INT8_DOT:
                   z_off, dstride, nb):
             return (types.UniTuple(types.float32, 4 * rows)(
                 w, w_off, wstride, xq, x_off, sx, xs16, s_off, d, dz, d_off, z_off, dstride,
-                nb), _tile16_codegen(_tiles._bits_of(w), rows))
+                nb), _tile16_codegen(_tiles.bits_of(w), rows))
         typer.__name__ = f"_tile16_i8_x{rows}"
         return intrinsic(typer)
 
@@ -193,7 +182,7 @@ if _i8.HAVE_INT8_DOT:
         n_out = out.shape[1]
         kp = xq.shape[1]
         nb = kp // 32
-        per = _tiles._per_block(w)
+        per = _tiles.block_bytes(w)
         wf = w.reshape(-1)
         df = d.reshape(-1)
         zf = dz.reshape(-1)

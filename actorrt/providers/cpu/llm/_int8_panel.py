@@ -114,10 +114,7 @@ if _t.HAVE_INT8_DOT:
             b8 = builder.add(builder.mul(b, _i64(cols)), builder.mul(part, _i64(8)))
             _store_vec(builder, pda, b8, d8)
             _store_vec(builder, pza, b8, z8)
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-            builder.position_at_end(done)
+            _h.close_loop(builder, b, nb, entry, loop, done, [], [], None)  # no accumulators
             return context.get_dummy_value()
         return codegen
 
@@ -223,18 +220,7 @@ if _t.HAVE_INT8_DOT:
                 xsv = bcast(builder.load(builder.gep(ua, [s_r])))
                 znew.append(builder.fadd(zaccs[r], builder.fmul(zv, xsv, flags=fast),
                                          flags=fast))
-            zb1 = builder.add(b2, _i64(1))
-            b2.add_incoming(zb1, zloop)
-            for phi, val in zip(zaccs, znew):
-                phi.add_incoming(val, zloop)
-            builder.cbranch(builder.icmp_signed("<", zb1, nb), zloop, zdone)
-            builder.position_at_end(zdone)
-            zs = []
-            for r in range(rows):  # every phi first
-                zphi = builder.phi(vf)
-                zphi.add_incoming(zero, zentry)
-                zphi.add_incoming(znew[r], zloop)
-                zs.append(zphi)
+            (zs,) = _h.close_loop(builder, b2, nb, zentry, zloop, zdone, [zaccs], [znew], zero)
             outs = []
             for r in range(rows):
                 tot = builder.fsub(builder.fadd(finals[0][r], finals[1][r]), zs[r])

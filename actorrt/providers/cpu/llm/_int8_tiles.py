@@ -271,7 +271,10 @@ if HAVE_INT8_DOT:
         """Close a :func:`_block_loop` whose accumulator phis are ``accs``
         (lists of phis) and whose loop values are ``new`` (the same shape):
         branch back with ``b + 1 < nb``, then, at ``done``, the final values
-        (``zero`` where the loop did not run), in ``accs``' shape."""
+        (``zero`` where the loop did not run: one constant for every part, or
+        a list or tuple of one per part), in ``accs``' shape; every final phi
+        comes before anything the caller adds at ``done``."""
+        zeros = zero if isinstance(zero, (list, tuple)) else [zero] * len(new)
         b1 = builder.add(b, _i64(1))
         b.add_incoming(b1, loop)
         for part_phis, part_new in zip(accs, new):
@@ -280,11 +283,11 @@ if HAVE_INT8_DOT:
         builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
         builder.position_at_end(done)
         finals = []
-        for part_new in new:
+        for part_new, part_zero in zip(new, zeros):
             out = []
             for val in part_new:
                 phi = builder.phi(val.type)
-                phi.add_incoming(zero, entry)
+                phi.add_incoming(part_zero, entry)
                 phi.add_incoming(val, loop)
                 out.append(phi)
             finals.append(out)
@@ -334,21 +337,9 @@ if HAVE_INT8_DOT:
                     flags=fast))
                 newc.append(builder.fadd(corrs[r], builder.fmul(zval, xsv, flags=fast),
                                          flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for phi, val in zip(accs + corrs, new + newc):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val, z in zip(new + newc, [zero] * rows + [fzero] * rows):
-                phi = builder.phi(val.type)  # every phi first, then the reductions
-                phi.add_incoming(z, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
-            outs = [builder.fsub(_hsum(builder, finals[r]), finals[rows + r])
-                    for r in range(rows)]
+            fin, finc = _close_loop(builder, b, nb, entry, loop, done, [accs, corrs],
+                                    [new, newc], [zero, fzero])
+            outs = [builder.fsub(_hsum(builder, fin[r]), finc[r]) for r in range(rows)]
             if rows == 1:
                 return outs[0]
             return context.make_tuple(builder, sig.return_type, outs)
@@ -416,21 +407,10 @@ if HAVE_INT8_DOT:
                 new.append(builder.fadd(accs[c], builder.fmul(
                     builder.sitofp(isum, v8f), _lane(builder, s4, c, 8), flags=fast),
                     flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for phi, val in zip(accs + [corr], new + [corr1]):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val, z in zip(new + [corr1], [zero] * 4 + [zero4]):
-                phi = builder.phi(val.type)  # every phi first, then the reductions
-                phi.add_incoming(z, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
-            outs = [builder.fsub(_hsum(builder, finals[c]),
-                                 builder.extract_element(finals[4], _i32(c))) for c in range(4)]
+            fin, (fcorr,) = _close_loop(builder, b, nb, entry, loop, done, [accs, [corr]],
+                                        [new, [corr1]], [zero, zero4])
+            outs = [builder.fsub(_hsum(builder, fin[c]),
+                                 builder.extract_element(fcorr, _i32(c))) for c in range(4)]
             return context.make_tuple(builder, sig.return_type, outs)
 
         return codegen
@@ -638,19 +618,7 @@ if HAVE_INT8_DOT:
                 else:
                     xsv = _broadcast(builder, builder.load(builder.gep(ua, [s_r])))
                     new.append(builder.fsub(acc, builder.fmul(z8, xsv, flags=fast), flags=fast))
-            b1 = builder.add(b, _i64(1))
-            b.add_incoming(b1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", b1, nb), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(v8f)  # every phi first, then the reductions
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
+            (finals,) = _close_loop(builder, b, nb, entry, loop, done, [accs], [new], zero)
             zs = None
             if z_apart and sig.args[9].dtype != types.float64:
                 # the zero-point terms sum_b dz[c, b] * xsum[r, b] in a loop of
@@ -671,18 +639,8 @@ if HAVE_INT8_DOT:
                         0, 4)
                     znew.append(builder.fadd(zaccs[r], builder.fmul(zb4, xs4, flags=fast),
                                              flags=fast))
-                zb1 = builder.add(b2, _i64(1))
-                b2.add_incoming(zb1, zloop)
-                for phi, val in zip(zaccs, znew):
-                    phi.add_incoming(val, zloop)
-                builder.cbranch(builder.icmp_signed("<", zb1, nb), zloop, zdone)
-                builder.position_at_end(zdone)
-                zs = []
-                for val in znew:
-                    phi = builder.phi(v4f)
-                    phi.add_incoming(zero4, zentry)
-                    phi.add_incoming(val, zloop)
-                    zs.append(phi)
+                (zs,) = _close_loop(builder, b2, nb, zentry, zloop, zdone, [zaccs], [znew],
+                                    zero4)
             outs = []
             # (paired: lanes 0 + 2, 4 + 6, 1 + 3, 5 + 7; else c + (c + 4))
             first, second, order = (([0, 1, 4, 5], [2, 3, 6, 7], (0, 2, 1, 3))
@@ -721,7 +679,8 @@ if HAVE_INT8_DOT:
                          load_scales=_load_scales, load_zero_points=_load_zero_points,
                          splat=_splat, broadcast=_broadcast, declare=_declare, dpbusd=_dpbusd,
                          dpbusd512=_dpbusd512,
-                         prefetch=_prefetch)
+                         prefetch=_prefetch, weight_block=_weight_block,
+                         block_isum=_block_isum)
 
     # (the prefetching ones for the fused blocks' short weight streams, as _group_pf)
     _tile4, _tile3, _tile2, _tile1 = (_tile_intrinsic(r) for r in (4, 3, 2, 1))

@@ -153,18 +153,7 @@ if _t.HAVE_INT8_DOT:
                 xsv = bcast(builder.load(builder.gep(ua, [s_r])))
                 znew.append(builder.fadd(zaccs[r], builder.fmul(zv, xsv, flags=fast),
                                          flags=fast))
-            zb1 = builder.add(b2, _i64(1))
-            b2.add_incoming(zb1, zloop)
-            for phi, val in zip(zaccs, znew):
-                phi.add_incoming(val, zloop)
-            builder.cbranch(builder.icmp_signed("<", zb1, nb), zloop, zdone)
-            builder.position_at_end(zdone)
-            zs = []
-            for r in range(rows):  # every phi first
-                zphi = builder.phi(v16f)
-                zphi.add_incoming(zero, zentry)
-                zphi.add_incoming(znew[r], zloop)
-                zs.append(zphi)
+            (zs,) = _h.close_loop(builder, b2, nb, zentry, zloop, zdone, [zaccs], [znew], zero)
             for r in range(rows):
                 tot = builder.fsub(builder.fadd(finals[0][r], finals[1][r]), zs[r])
                 o_r = builder.add(o_off, builder.mul(o_ld, _i64(r)))

@@ -318,8 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stats", action="store_true",
                    help="print prompt and decode tok/s to stderr")
     g.add_argument("--accuracy-level", **_ACCURACY_LEVEL)
-    g.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
-                   help="KV cache element type (float16: half the bytes; paged cache)")
+    g.add_argument("--kv-dtype", choices=("float32", "float16"), default=None,
+                   help="KV cache element type (float16: half the bytes; paged cache). "
+                        "Default: float16 at accuracy level 4, float32 at level 0")
     g.set_defaults(func=_cmd_generate)
 
     b = sub.add_parser("bench", help="benchmarks")

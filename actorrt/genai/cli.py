@@ -58,7 +58,7 @@ def generate_main(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with open_engine(args.model, accuracy_level=args.accuracy_level,
-                               kv_dtype=getattr(args, "kv_dtype", "float32")) as engine:
+                               kv_dtype=getattr(args, "kv_dtype", None)) as engine:
             nonlocal params
             if not (args.greedy or args.temperature is not None or args.top_k is not None
                     or args.top_p is not None):  # the model folder's sampling defaults

@@ -557,7 +557,7 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
                 accuracy_level: int | None = None,
                 kv_layout: str = "paged",
                 prefix_caching: bool = True,
-                kv_dtype: str = "float32") -> AsyncContextManager[Engine]:
+                kv_dtype: str | None = None) -> AsyncContextManager[Engine]:
     """Prepare ``model`` (``"smollm2"``, a GGUF path, or a prepared model folder),
     open its session and run the engine actor until the block exits::
 
@@ -606,11 +606,18 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
             prefill only the rest (``statistics().prefix_hits`` and
             ``prefix_tokens_skipped``); unused cached blocks are evicted,
             least recently used first, when blocks run out.
-        kv_dtype: the KV cache's element type: ``"float32"`` (the default)
-            or ``"float16"`` (paged layout on the CPU provider only: IEEE
+        kv_dtype: the KV cache's element type: ``"float32"`` or
+            ``"float16"`` (paged layout on the CPU provider only: IEEE
             half values, half the bytes a token; the attention kernels
             convert each key and value to float32 as they read it and round
             new ones to half, to nearest even, as they write them).
+            ``None`` (the default): float16 where the run's accuracy level
+            is 4 (int8 activations; as llama.cpp's default f16 KV cache)
+            on the paged layout of the CPU provider, else float32, so that
+            level 0 keeps onnxruntime-identical logits (SmolLM2-135M Q4_1,
+            level 4: teacher-forced perplexity on CPython's LICENSE.txt
+            with a float16 cache within 2 % of level 0's;
+            ``benchmarks/perplexity.py --kv-dtype float16``).
 
     Raises:
         ModelLoadError: the model cannot be fetched, built or loaded, or an
@@ -625,7 +632,7 @@ def open_engine(model: str | Path = "smollm2", *, max_batch: int = 16,
     if kv_layout not in ("paged", "contiguous"):
         raise InvalidArgumentError("unknown kv_layout", expected='"paged" or "contiguous"',
                                    got=repr(kv_layout))
-    if kv_dtype not in ("float32", "float16"):
+    if kv_dtype not in (None, "float32", "float16"):
         raise InvalidArgumentError("unknown kv_dtype", expected='"float32" or "float16"',
                                    got=repr(kv_dtype))
     if kv_dtype == "float16" and kv_layout != "paged":
@@ -646,7 +653,7 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
                        options: SessionOptions | None, home: str | Path | None,
                        accuracy_level: int | None, kv_layout: str,
                        prefix_caching: bool = True,
-                       kv_dtype: str = "float32") -> AsyncIterator[Engine]:
+                       kv_dtype: str | None = None) -> AsyncIterator[Engine]:
     from .models import is_ort_genai_folder, model_file, prepare_model
     from .tokenizer import load_tokenizer
 
@@ -668,7 +675,11 @@ async def _open_engine(model: str | Path, *, max_batch: int, kv_budget_bytes: in
     path = await trio.to_thread.run_sync(
         functools.partial(model_file, folder, accuracy_level, last_logits=True))
     async with open_session(path, providers, options) as session:
-        if any(p.name != "cpu" for p in session._providers):
+        on_cpu = not any(p.name != "cpu" for p in session._providers)
+        if kv_dtype is None:  # float16 with int8 activations on the paged CPU cache
+            kv_dtype = "float16" if (accuracy_level == 4 and on_cpu
+                                     and kv_layout == "paged") else "float32"
+        if not on_cpu:
             if kv_dtype != "float32":
                 raise InvalidArgumentError(
                     "kv_dtype float16 needs the CPU provider's paged kernels",

@@ -33,7 +33,7 @@ async def serve(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 
                 max_batch: int = 16, kv_budget_bytes: int | None = None,
                 api_key: str | None = None, max_queue: int | None = None,
                 grace_s: float = DEFAULT_GRACE_S, accuracy_level: int | None = None,
-                kv_dtype: str = "float32", shutdown: trio.Event | None = None,
+                kv_dtype: str | None = None, shutdown: trio.Event | None = None,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``model`` over HTTP until ``shutdown`` is set (or the task is
     cancelled); ``task_status.started`` gets the bound URL
@@ -91,8 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get after SIGINT/SIGTERM")
     p.add_argument("--accuracy-level", type=int, choices=(0, 4), default=None,
                    help="MatMulNBits accuracy_level of the graph to run (see generate)")
-    p.add_argument("--kv-dtype", choices=("float32", "float16"), default="float32",
-                   help="KV cache element type (float16: half the bytes a token)")
+    p.add_argument("--kv-dtype", choices=("float32", "float16"), default=None,
+                   help="KV cache element type (float16: half the bytes a token). "
+                        "Default: float16 at accuracy level 4, float32 at level 0")
 
 
 def _check(args: argparse.Namespace) -> str | None:

@@ -6,6 +6,8 @@ returns every block and every accounted byte."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import trio
@@ -13,12 +15,17 @@ import trio
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
-from actorrt.genai import SamplingParams, open_engine  # noqa: E402
+from actorrt.genai import SamplingParams, open_engine as _open_engine  # noqa: E402
 from actorrt.genai.kv_cache import BLOCK_SIZE, KVCache  # noqa: E402
 from actorrt.genai.models import prepare_model  # noqa: E402
 from actorrt.providers._memory import MemoryAccountant  # noqa: E402
 from actorrt.providers.cpu.llm import _contrib_numba as nbk  # noqa: E402
 from tests.genai.test_builder import write_tiny_gguf  # noqa: E402
+
+#: these tests size KV budgets in float32 bytes a token and compare the paged
+#: layout with the contiguous one (float32 only): a float32 cache, not the
+#: float16 one the engine picks at accuracy level 4 (tests/genai/test_kv_half.py)
+open_engine = functools.partial(_open_engine, kv_dtype="float32")
 
 pytestmark = pytest.mark.skipif(not nbk.HAVE_NUMBA, reason="the paged kernels need numba")
 

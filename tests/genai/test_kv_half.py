@@ -60,7 +60,7 @@ async def test_float16_engine_statistics_halve_and_prefix_sharing_keeps_the_ids(
     prompts = [system + _prompt(5, 1), system + _prompt(9, 2), system[:20] + _prompt(30, 3)]
     with trio.fail_after(180):
         ids32, st32, _ = await _sequential(tiny_dir, prompts, accuracy_level=level,
-                                           prefix_caching=False)
+                                           kv_dtype="float32", prefix_caching=False)
         want, st0, pool = await _sequential(tiny_dir, prompts, accuracy_level=level,
                                             kv_dtype="float16", prefix_caching=False)
         got, st, _ = await _sequential(tiny_dir, prompts, accuracy_level=level,
@@ -93,6 +93,27 @@ async def test_float16_preemption_resumes_with_the_same_ids(tiny_dir):
         got, st = await serve(kv_budget_bytes=10 * block_bytes16, prefix_caching=False)
     assert st.preemptions > 0
     assert got == want
+
+
+async def test_the_default_kv_dtype_follows_the_accuracy_level(tiny_dir):
+    # level 4 (int8 activations, the default for a model we built): float16
+    # pools; level 0 (onnxruntime-identical logits) and the contiguous layout:
+    # float32; an explicit kv_dtype is kept
+    cases = [({}, np.float16), ({"accuracy_level": 4}, np.float16),
+             ({"accuracy_level": 0}, np.float32), ({"kv_dtype": "float32"}, np.float32),
+             ({"accuracy_level": 0, "kv_dtype": "float16"}, np.float16),
+             ({"kv_layout": "contiguous"}, np.float32)]
+    prompt = _prompt(9, 4)
+    with trio.fail_after(300):
+        for kw, want in cases:
+            async with open_engine(tiny_dir, **kw) as engine:
+                assert engine.kv_dtype == want, kw
+                assert engine.bytes_per_token == 2 * 2 * 2 * 16 * np.dtype(want).itemsize
+                if engine._cache is not None:
+                    assert engine._cache.pools[0].dtype == want
+                r = await engine.generate(prompt, SamplingParams(max_new_tokens=3,
+                                                                 ignore_eos=True))
+                assert len(r.token_ids) == 3
 
 
 async def test_float16_needs_the_paged_layout(tiny_dir):

@@ -75,8 +75,8 @@ if _i8.HAVE_INT8_DOT:
         def codegen(context, builder, sig, args):
             (wa, xa, sa, ua, da, za), (w_off, wstride, x_off, s_off, d_off, z_off, dstride,
                                        nb) = _tiles.IR.unpack(context, builder, sig, args,
-                                                         (0, 3, 5, 6, 8, 9),
-                                                         (1, 2, 4, 7, 10, 11, 12, 13))
+                                                              (0, 3, 5, 6, 8, 9),
+                                                              (1, 2, 4, 7, 10, 11, 12, 13))
             ops = _tiles.IR.declare(builder)
             v32, v8f, v2f = _V(ir.IntType(8), 32), _V(_f32, 8), _V(_f32, 2)
             zero = _tiles.IR.splat(_f32, 0.0, 8)
@@ -89,8 +89,8 @@ if _i8.HAVE_INT8_DOT:
             step = builder.mul(b, dstride)
             d8 = _tiles.IR.load_vec(builder, da, builder.add(d_off, step), v8f)
             z8 = _tiles.IR.load_vec(builder, za, builder.add(z_off, step), v8f)
-            wts = [_tiles.IR.weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)), b,
-                                     ops[2], wstride) for c in range(4)]
+            wts = [_tiles.IR.weight_block(builder, bits, wa, builder.add(w_off, _i64(c * per)),
+                                          b, ops[2], wstride) for c in range(4)]
             x_at = builder.add(x_off, builder.mul(b, _i64(32)))
             s_at = builder.add(s_off, b)
 
@@ -106,8 +106,8 @@ if _i8.HAVE_INT8_DOT:
             ab = ir.Constant(_V(_i32, 8), [0, 1, 0, 1, 0, 1, 0, 1])
             new = []
             for r in range(rows):
-                xv = _tiles.IR.load_vec(builder, xa, builder.add(x_at, builder.mul(row_x, _i64(r))),
-                                   v32)
+                xv = _tiles.IR.load_vec(builder, xa,
+                                        builder.add(x_at, builder.mul(row_x, _i64(r))), v32)
                 sums = [_tiles.IR.block_isum(builder, ops, wv, ws, xv) for wv, ws in wts]
                 p01, p23 = pairs(sums[0], sums[1]), pairs(sums[2], sums[3])
                 isum = builder.add(builder.shuffle_vector(p01, p23, even),

@@ -301,6 +301,11 @@ if AVAILABLE:
         return mine
 
     @njit(nogil=True, cache=True)
+    def _lingering(ctrl):  # pragma: no cover - compiled
+        # whether a caller's linger deadline is still ahead
+        return _cycles() <= _load_acq(ctrl, _LINGER)
+
+    @njit(nogil=True, cache=True)
     def _call_items(fn, params, i0, i1):  # pragma: no cover - compiled
         _call_fn(fn, params, i0, i1)
 
@@ -310,7 +315,16 @@ class _Team:
     that thread posts jobs and wakes partners, so ``awake`` needs no lock: a
     partner clears its flag before it blocks, the caller sets it before it
     releases the semaphore (a partner parking just as a job comes misses
-    that job and is woken by the next one)."""
+    that job and is woken by the next one).
+
+    A linger deadline closes that window for the jobs that set one: after
+    clearing its flag the partner checks the deadline again (still ahead: it
+    sets the flag back and spins on), and the caller, after storing the
+    deadline, wakes any partner whose flag is clear. Whichever of the two
+    checks comes second sees the other's write, so a partner that left its
+    loop just as a lingering job came cannot stay parked through the
+    deadline (at worst it takes one extra semaphore count: one more idle
+    spin before it parks)."""
 
     def __init__(self, size: int):
         self.ctrl = np.zeros(_SLOTS, np.int64)
@@ -328,9 +342,13 @@ class _Team:
         ctrl, wake = self.ctrl, self.wake[i]
         while True:
             wake.acquire()
-            if _partner_loop(ctrl, IDLE_CYCLES):
-                return
-            self.awake[i] = False
+            while True:
+                if _partner_loop(ctrl, IDLE_CYCLES):
+                    return
+                self.awake[i] = False
+                if not _lingering(ctrl):
+                    break
+                self.awake[i] = True  # a linger deadline stored as it left
 
     def ensure_awake(self) -> None:
         """Wake every parked partner (they then spin for the next jobs)."""
@@ -446,6 +464,8 @@ def run_items(t: _Team, fn: int, params: int, items: int, chunks: int,
                          f"linger {linger} (>= 0)")
     if items:
         _split_fn(t.ctrl, fn, params, items, min(chunks, items), linger)
+        if linger:
+            t.ensure_awake()  # one that parked as this job came (_Team's docstring)
 
 
 def call_items(fn: int, params: int, i0: int, i1: int) -> None:

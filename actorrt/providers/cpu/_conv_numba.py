@@ -264,7 +264,7 @@ if HAVE_NUMBA:
                 zf = z.reshape(z.size)
                 for oy in range(oh):
                     o = ((b * m + oc) * oh + oy) * ow
-                    _dw_store(acc, oy * wq, yf, o, zf, o if has_z else 0, has_z, ow, alpha, lo, hi)
+                    _dw_store(acc, oy * wq, yf, o, zf, o, has_z, ow, alpha, lo, hi)
             # (element indices from here: a view per row cost as much as the row)
             elif has_z:
                 for oy in range(oh):
@@ -358,7 +358,11 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     m = w.shape[0]
     y = np.empty((n, m, out_shape[0], out_shape[1]), x.dtype)
     b = np.zeros(m, x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
-    zz = np.zeros((1, 1, 1, 1), x.dtype) if z is None else np.ascontiguousarray(z, dtype=x.dtype)
+    # without z the store's masked-off z loads read y at its own offsets: a
+    # one-element placeholder would put them past its end, and a masked load
+    # whose masked-off lanes reach an unmapped page is a microcode assist on
+    # AMD Zen (4x a whole convolution's time, docs/speed.md round 11)
+    zz = y if z is None else np.ascontiguousarray(z, dtype=x.dtype)
     args = (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
             np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE)

@@ -401,3 +401,76 @@ def test_depthwise_tile_and_loops_match_reference(case, tile, dtype, monkeypatch
     assert got.dtype == dtype
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+#: (case, fused residual?) for the absent-operand extent checks: the direct
+#: kernel (wide, narrow, multi-row tiles; stride 2) and depthwise (stride 1, 2)
+EXTENT_CASES = [
+    (1, 3, 40, 37, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, None),
+    (2, 8, 12, 12, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),
+    (1, 16, 6, 5, 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),
+    (1, 24, 20, 19, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 24, None),
+    (2, 16, 21, 40, 16, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 16, None),
+]
+
+
+def _residual_model(case, residual: bool):
+    """Conv (+ Add of a second input) + Relu: FusedConv with or without Z."""
+    n, c, h, w, m, k, s, p, d, g, _ = case
+    oh, ow = (h + p[0] + p[2] - k[0]) // s[0] + 1, (w + p[1] + p[3] - k[1]) // s[1] + 1
+    inits = [numpy_helper.from_array(RNG.standard_normal((m, c // g, *k)).astype(np.float32), "W"),
+             numpy_helper.from_array(RNG.standard_normal(m).astype(np.float32), "B")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=list(k), strides=list(s),
+                              pads=list(p), dilations=list(d), group=g)]
+    ins = [helper.make_tensor_value_info("x", TP.FLOAT, [n, c, h, w])]
+    feeds = {"x": RNG.standard_normal((n, c, h, w)).astype(np.float32)}
+    last = "c"
+    if residual:
+        ins.append(helper.make_tensor_value_info("r", TP.FLOAT, [n, m, oh, ow]))
+        feeds["r"] = RNG.standard_normal((n, m, oh, ow)).astype(np.float32)
+        nodes.append(helper.make_node("Add", ["c", "r"], ["a"]))
+        last = "a"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    graph = helper.make_graph(nodes, "cr", ins, [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("case", EXTENT_CASES)
+def test_absent_residual_operand_spans_the_output(case, residual, threads, monkeypatch):
+    """Without a residual Z the compiled tiles still form Z's addresses (base
+    plus the output's offsets; every lane masked off): the array they get in
+    Z's place must span the output, so no masked load reaches past it (a
+    masked load whose masked-off lanes reach an unmapped page is a microcode
+    assist on AMD Zen: a bias there cost 1.1-4.3x the convolution's time).
+    Checked on every call of the direct kernel's rows, its partner split,
+    the depthwise planes and their split; values as onnxruntime's."""
+    if not (_conv_numba.HAVE_NUMBA and _conv_direct.HAVE_KERNEL):
+        pytest.skip("the compiled kernels are not built")
+    from actorrt.providers.cpu import _conv_split
+    seen = []
+
+    def spans(z, y, has_z):
+        seen.append(has_z)
+        assert z.size >= y.size, (z.shape, y.shape)
+
+    def wrap(fn, y_at, z_at, has_z_at):
+        def checked(*args):
+            spans(args[z_at], args[y_at], args[has_z_at])
+            return fn(*args)
+        return checked
+
+    monkeypatch.setattr(_conv_direct, "_rows", wrap(_conv_direct._rows, 3, 5, 6))
+    monkeypatch.setattr(_conv_split, "conv_rows", wrap(_conv_split.conv_rows, 4, 6, 7))
+    monkeypatch.setattr(_conv_numba, "_depthwise_serial", wrap(_conv_numba._depthwise_serial, 4, 3, 12))
+    monkeypatch.setattr(_conv_split, "depthwise", wrap(_conv_split.depthwise, 4, 3, 9))
+    monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if threads > 1 else 1 << 62)
+    monkeypatch.setattr(_conv_split, "MIN_CONV_FLOPS", 0 if threads > 1 else 1 << 62)
+    monkeypatch.setattr(_conv_split, "MIN_DEPTHWISE_WORK", 0 if threads > 1 else 1 << 62)
+    model, feeds = _residual_model(case, residual)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=threads)) as s:
+        got = s.run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert seen and all(bool(h) == residual for h in seen), seen

@@ -575,10 +575,11 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         # no z: the tile's z loads are all masked off, but their addresses are
         # still z's base plus y's offsets. Here they are y's own (mapped)
         # cells; with the bias as the placeholder (as before) they ran up to
-        # y's size past it, into memory that may be unmapped, and a masked load
-        # whose masked-off lanes reach an unmapped page takes a microcode
-        # assist on AMD Zen: 1.1-4.3x the whole convolution's time, set by
-        # where the bias happened to lie (docs/speed.md round 11)
+        # y's size past it, into memory that may be unmapped or never touched,
+        # and a masked load whose masked-off lanes reach a page not present in
+        # the page tables takes a microcode assist on AMD Zen: 1.1-8x the whole
+        # convolution's time, set by where the bias happened to lie
+        # (docs/speed.md round 11)
         zz, has_z = y.reshape(-1), 0
     args = (buf, plan.offs, wp.reshape(-1), y.reshape(-1), bp, zz, has_z, np.float32(lo),
             np.float32(hi), np.float32(alpha), *plan.ints)

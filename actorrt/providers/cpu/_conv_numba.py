@@ -360,8 +360,8 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     b = np.zeros(m, x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
     # without z the store's masked-off z loads read y at its own offsets: a
     # one-element placeholder would put them past its end, and a masked load
-    # whose masked-off lanes reach an unmapped page is a microcode assist on
-    # AMD Zen (4x a whole convolution's time, docs/speed.md round 11)
+    # whose masked-off lanes reach a page not present (unmapped, or never
+    # touched) is a microcode assist on AMD Zen (docs/speed.md round 11)
     zz = y if z is None else np.ascontiguousarray(z, dtype=x.dtype)
     args = (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],

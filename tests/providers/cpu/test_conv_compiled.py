@@ -442,8 +442,8 @@ def test_absent_residual_operand_spans_the_output(case, residual, threads, monke
     """Without a residual Z the compiled tiles still form Z's addresses (base
     plus the output's offsets; every lane masked off): the array they get in
     Z's place must span the output, so no masked load reaches past it (a
-    masked load whose masked-off lanes reach an unmapped page is a microcode
-    assist on AMD Zen: a bias there cost 1.1-4.3x the convolution's time).
+    masked load whose masked-off lanes reach a page not present, unmapped or
+    never touched, is a microcode assist on AMD Zen: 1.1-8x the conv's time).
     Checked on every call of the direct kernel's rows, its partner split,
     the depthwise planes and their split; values as onnxruntime's."""
     if not (_conv_numba.HAVE_NUMBA and _conv_direct.HAVE_KERNEL):

@@ -58,6 +58,42 @@ async def test_all_constant_subgraphs_fold_at_load():
         np.testing.assert_array_equal(y, np.ones((2, 3), np.float32))
 
 
+def _filled_gemm_model(n: int, k: int, fill: float = 0.02):
+    """y = x @ W.T + b with W (n, k) and b (n,) made by ConstantOfShape of
+    constant shapes (as the onnx wheel's light zoo models make their weights)."""
+    inits = [numpy_helper.from_array(np.int64([n, k]), "w_shape"),
+             numpy_helper.from_array(np.int64([n]), "b_shape")]
+    value = numpy_helper.from_array(np.float32([fill]))
+    nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["w"], name="fill_w", value=value),
+             helper.make_node("ConstantOfShape", ["b_shape"], ["b"], name="fill_b", value=value),
+             helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=1)]
+    g = helper.make_graph(nodes, "fill", [helper.make_tensor_value_info("x", TP.FLOAT, [2, k])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fill_limit, folded", [(None, True), (1 << 10, False)])
+async def test_constant_of_shape_fill_folds_past_the_general_limit(fill_limit, folded, monkeypatch):
+    """A ConstantOfShape of a constant shape folds at load up to
+    FOLD_FILL_LIMIT_ELEMENTS, past FOLD_LIMIT_ELEMENTS (set small here), so
+    the Gemm gets a constant weight; past the fill limit it runs per call.
+    Either way onnxruntime's values."""
+    import onnxruntime as ort
+    from actorrt._plan import compiler
+    monkeypatch.setattr(compiler, "FOLD_LIMIT_ELEMENTS", 16)
+    if fill_limit is not None:
+        monkeypatch.setattr(compiler, "FOLD_FILL_LIMIT_ELEMENTS", fill_limit)
+    m = _filled_gemm_model(64, 33)  # 2,112 weight elements
+    x = np.random.default_rng(3).standard_normal((2, 33)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    async with actorrt.open_session(m) as s:
+        where = {p.node: p.provider for p in s.placement()}
+        assert where["fill_b"] == "constant"  # 64 elements: under the fill limit either way
+        assert (where["fill_w"] == "constant") == folded, where
+        (y,) = await s.run(None, {"x": x})
+    np.testing.assert_allclose(y, want[0], rtol=1e-5, atol=1e-6)
+
+
 async def test_graph_output_that_is_an_input_or_constant():
     c = numpy_helper.from_array(np.float32([7]), "c")
     g = helper.make_graph([], "passthrough", [helper.make_tensor_value_info("x", TP.FLOAT, [1])],

@@ -12,6 +12,7 @@ hands the steps to :func:`.segments.build_segments` and each segment to
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Sequence
 
 import attrs
@@ -26,7 +27,7 @@ from .plan import NodePlacement, Plan, PlanOptions, Step, SubgraphRunner
 from .segments import build_segments
 from .values import IOSpec, attr_value, tensor_to_numpy, value_type_of
 
-__all__ = ["FOLD_LIMIT_ELEMENTS", "NONDETERMINISTIC", "Compiler", "compile_plan"]
+__all__ = ["FOLD_FILL_LIMIT_ELEMENTS", "FOLD_LIMIT_ELEMENTS", "NONDETERMINISTIC", "Compiler", "compile_plan"]
 
 #: Ops never folded at plan time (their outputs differ between runs).
 NONDETERMINISTIC = frozenset({
@@ -36,6 +37,13 @@ NONDETERMINISTIC = frozenset({
 
 #: Largest constant (elements) folding may create.
 FOLD_LIMIT_ELEMENTS = 1 << 22
+#: ... for ``ConstantOfShape`` of a constant shape (a fill: unfolded it
+#: allocates and writes its whole output on every run, and the Conv / Gemm
+#: weights such a node feeds, as in the onnx wheel's light zoo models, cannot
+#: be prepacked). The vgg19 fc6 weight (102.8 M elements) refilled per run took
+#: 25 ms and, when its fresh pages faulted in slowly, up to 550 ms of a 330 ms
+#: run; onnxruntime folds it too.
+FOLD_FILL_LIMIT_ELEMENTS = 1 << 27
 
 def _free_names(graph: ir.Graph) -> set[str]:
     """Names a subgraph reads from enclosing scopes (recursively)."""
@@ -225,6 +233,13 @@ class Compiler:
         match = cpu.supports_op(spec)
         if not isinstance(match, Supported):
             return False
+        limit = FOLD_LIMIT_ELEMENTS
+        if spec.op_type == "ConstantOfShape" and spec.domain in ("", "ai.onnx"):
+            limit = FOLD_FILL_LIMIT_ELEMENTS
+            shape = np.asarray(self.consts[present[0]]).reshape(-1)
+            if shape.dtype.kind not in "iu" or np.any(shape < 0) or \
+                    math.prod(int(d) for d in shape) > limit:
+                return False  # left to run time (its own checks and errors)
         try:
             kernel = cpu.create_kernel(spec)
             kernel.prepare(spec.constant_inputs, {})
@@ -236,7 +251,7 @@ class Compiler:
         outs = res if kernel.multi_output else (res,)
         outs = [materialise_sized(o) if isinstance(o, KernelSizedOutput) else o for o in outs]
         for o in outs:
-            if isinstance(o, np.ndarray) and o.size > FOLD_LIMIT_ELEMENTS:
+            if isinstance(o, np.ndarray) and o.size > limit:
                 return False
             if not isinstance(o, np.ndarray):
                 return False

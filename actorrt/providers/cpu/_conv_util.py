@@ -270,6 +270,12 @@ COMPILED = True
 GEMM_PARALLEL_MIN_FLOPS = 1 << 22
 #: column-block width of the parallel GEMM (a multiple of the BLAS tile width)
 GEMM_BLOCK_MIN = 128
+#: where the column blocks are fewer than the chunks wanted (planes under
+#: ``threads x GEMM_BLOCK_MIN`` pixels: the late layers, 7x7 / 14x14), the
+#: output channels are split too, in blocks of at least this many rows (before,
+#: a 7x7 plane's GEMM was one block: resnet50's 512-channel 3x3 convs and its
+#: 1x1 on the GEMM path ran 1.04-1.07x faster at two threads than at one)
+GEMM_ROW_BLOCK_MIN = 32
 #: the compiled patch building only pays when it runs on several threads: at
 #: one thread it measured 2-3x slower than numpy's strided copy here (numba
 #: 0.61, round 3), and split over 2 threads still slower than numpy on one, so
@@ -301,13 +307,19 @@ def conv_gemm(wpack: np.ndarray, cols: np.ndarray, out: np.ndarray) -> None:
         bw = max(GEMM_BLOCK_MIN, -(-P // per_product))
         bw = -(-bw // 16) * 16
         nb = -(-P // bw)
-        total = k * g * nb
+        nr = max(1, min(-(-want // (k * g * nb)), mg // GEMM_ROW_BLOCK_MIN))
+        rh = -(-mg // nr)
+        nr = -(-mg // rh)
+        blocks = nr * nb
+        total = k * g * blocks
 
         def chunk(t: int) -> None:
-            i, rest = divmod(t, g * nb)
-            j, b = divmod(rest, nb)
-            p0 = b * bw
-            np.matmul(wpack[j], cols[i, j, :, p0:p0 + bw], out=out[i, j, :, p0:p0 + bw])
+            i, rest = divmod(t, g * blocks)
+            j, rest = divmod(rest, blocks)
+            r, b = divmod(rest, nb)
+            p0, r0 = b * bw, r * rh
+            np.matmul(wpack[j, r0:r0 + rh], cols[i, j, :, p0:p0 + bw],
+                      out=out[i, j, r0:r0 + rh, p0:p0 + bw])
 
         if total > 8 * want:  # many small products (grouped convs): runs of them per chunk
             per = -(-total // want)

@@ -474,3 +474,35 @@ def test_absent_residual_operand_spans_the_output(case, residual, threads, monke
         got = s.run(None, feeds)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert seen and all(bool(h) == residual for h in seen), seen
+
+
+@pytest.mark.parametrize("case, split", [
+    ((2, 12, 5, 5, 100, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None), True),    # 1x1: 4 row blocks of 25
+    ((1, 8, 6, 7, 36, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2, None), True),      # im2col, groups of 18 rows
+    ((3, 6, 4, 4, 7, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None), False),      # fewer rows than a block
+])
+def test_gemm_splits_rows_of_small_planes(case, split, monkeypatch):
+    """A conv GEMM whose plane fits in fewer column blocks than the chunks
+    wanted is split over output-channel rows too (uneven last block) on two
+    threads, unless it has fewer rows than GEMM_ROW_BLOCK_MIN; onnxruntime's
+    values either way."""
+    from actorrt.providers.cpu import _parallel
+    monkeypatch.setattr(_conv_direct, "ENABLED", False)
+    monkeypatch.setattr(_conv_util, "GEMM_PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(_conv_util, "GEMM_ROW_BLOCK_MIN", 8)
+    monkeypatch.setattr(_parallel, "CHUNKS_PER_THREAD", 4)  # 8 chunks wanted
+    chunks = []
+    real = _parallel.run_chunks
+
+    def counted(fn, n, threads):
+        chunks.append(n)
+        return real(fn, n, threads)
+
+    monkeypatch.setattr(_parallel, "run_chunks", counted)
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=2)) as s:
+        got = s.run(None, {"x": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    products = case[0] * case[9]  # one column block per (image, group): the plane is under 128 pixels
+    assert chunks and (max(chunks) > products) == split, (chunks, products)

@@ -86,10 +86,13 @@ MAX_REDUCTION = 576
 #: 8-lane (AVX2) tiles'. Depthwise convs stay on :mod:`._conv_numba`
 WIDE_ALL = True
 #: ... up to this many bytes of weights: every row group sweeps all of them,
-#: so past L2-L3 sizes im2col + sgemm reuses them better (per-layer A/B, load
-#: 4-7: 3x3 512 -> 512 on 7x7, 9.4 MB, direct 7.5 ms vs 6.3; 3x3 256 -> 256 on
-#: 14x14, 2.4 MB, 3.1 vs 3.7; 128 -> 128 on 28x28, 0.6 MB, 3.1 vs 4.8)
-WIDE_MAX_WEIGHT_BYTES = 4 << 20
+#: so past L2-L3 sizes im2col + sgemm may reuse them better. Round 7 (per
+#: layer, load 4-7) set 4 MB: 3x3 512 -> 512 on 7x7, 9.4 MB, direct 7.5 ms vs
+#: 6.3. Round 11 (idle, 32 MB L3): that layer direct 1.74 ms vs 2.48 on the
+#: GEMM path (onnxruntime 0.98), and whole models with 16 MB against 4 MB
+#: (sessions interleaved in one process): vgg19 0.84x the time at 1 thread,
+#: 0.80x at 2; resnet50 0.98x / 0.89x
+WIDE_MAX_WEIGHT_BYTES = 16 << 20
 #: 1x1 convs take the direct kernel only on inputs of at most this many bytes
 #: (:func:`takes_pointwise`; larger ones the GEMM on the input's view). No
 #: limit by default: isolated layers ran 1.0-1.3x onnxruntime on the direct

@@ -506,3 +506,22 @@ def test_gemm_splits_rows_of_small_planes(case, split, monkeypatch):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     products = case[0] * case[9]  # one column block per (image, group): the plane is under 128 pixels
     assert chunks and (max(chunks) > products) == split, (chunks, products)
+
+
+@pytest.mark.parametrize("channels, direct", [(384, True), (768, False)])
+def test_weight_bytes_bound_of_the_direct_kernel(channels, direct):
+    """A 3x3 conv with 5.3 MB of weights (384 -> 384) takes the direct kernel
+    (under WIDE_MAX_WEIGHT_BYTES, 16 MB), one with 21 MB (768 -> 768) the
+    GEMM path; onnxruntime's values either way."""
+    if not (_conv_direct.HAVE_KERNEL and _conv_direct.VW == 16 and _conv_direct.WIDE_ALL):
+        pytest.skip("the 16-lane direct tiles are not built")
+    case = (1, channels, 5, 4, channels, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None)
+    assert (4 * channels * channels * 9 <= _conv_direct.WIDE_MAX_WEIGHT_BYTES) == direct
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=2e-3)
+    variants = [a["kernel_variant.conv"]["variant"] for a in spans]
+    assert variants == (["direct"] if direct else ["im2col"]), variants

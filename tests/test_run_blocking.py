@@ -68,10 +68,11 @@ def test_plans_the_direct_path_does_not_take():
 
 
 def test_close_while_a_direct_run_computes_waits_then_raises_closed():
-    model = _matmul_chain(20, 512)
-    x = np.random.default_rng(2).standard_normal((512, 512)).astype(np.float32)
+    model = _matmul_chain(40, 1024)
+    x = np.random.default_rng(2).standard_normal((1024, 1024)).astype(np.float32)
     s = actorrt.InferenceSession(model)
     assert s.session.runs_blocking
+    s.run(None, {"x": x})  # the first run pays one-time costs (0.3 s alone in a process)
     t0 = time.perf_counter()
     s.run(None, {"x": x})
     once = time.perf_counter() - t0
@@ -95,7 +96,7 @@ def test_close_while_a_direct_run_computes_waits_then_raises_closed():
     # either the run had finished before the close began, or it raised the
     # closed error after the close waited for its kernels
     assert ("y" in result) != ("err" in result)
-    if once > 0.2:  # the close surely came mid-run
+    if once > 0.15:  # the close (after 50 ms at most) surely came mid-run
         assert "err" in result
     if "err" in result:
         assert "closed during the run" in str(result["err"])

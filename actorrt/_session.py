@@ -19,6 +19,7 @@ from ._model import ModelLike, load_model
 from ._outputs import own_outputs
 from ._plan import IOSpec, NodePlacement, Plan, PlanOptions, compile_plan, type_string
 from .providers import resolve_providers
+from .providers._memory import keep_freed_heap_memory
 from .providers.base import ExecutionProvider, ProviderStatistics, RunLoop, RunSegment
 
 __all__ = ["SessionOptions", "Session", "open_session", "NodeArg"]
@@ -74,6 +75,15 @@ class SessionOptions:
             kernels) use; ``None`` or ``0``: every core. BLAS thread pools are
             process-wide: the setting is applied when this session's worker
             runs, so sessions with different counts switch the pool.
+        enable_cpu_mem_arena: keep host memory freed between runs for the
+            next run instead of giving it back to the system, as
+            onnxruntime's option of that name (its default too). With glibc
+            this sets the allocator's mmap and trim thresholds, for the whole
+            process and once (:func:`actorrt.providers._memory.keep_freed_heap_memory`):
+            the next run's arrays reuse the pages, without page faults; the
+            process's resident size keeps its peak. ``False`` leaves the
+            allocator as it is (a process where an earlier session set it
+            keeps the setting).
 
     """
 
@@ -119,6 +129,7 @@ class SessionOptions:
     fuse_kernels: bool = True
     graph_optimization_level: Any = "ORT_ENABLE_ALL"
     intra_op_num_threads: int | None = None
+    enable_cpu_mem_arena: bool = True
 
 
 def _field_error(name: str, expected: str, value: Any) -> InvalidArgumentError:
@@ -746,6 +757,8 @@ def open_session(model: ModelLike, providers: Sequence[Any] | None = None,
     options = SessionOptions.check(options)
     # resolved here, in the caller's frame: fallback warnings point at its line
     provs = resolve_providers(providers, options)
+    if options.enable_cpu_mem_arena:
+        keep_freed_heap_memory()
     return UnwrapGroups(_open_session(model, provs, options))
 
 

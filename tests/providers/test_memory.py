@@ -75,3 +75,50 @@ def test_workspace_of_a_finished_thread_is_released_and_growth_is_accounted_once
     t.join()
     gc.collect()
     assert ws() == 0
+
+
+_ARENA_PROBE = r"""
+import ctypes, sys
+import numpy as np
+import actorrt
+from tests.models import add_chain
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks",
+                                               "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+opts = actorrt.SessionOptions(enable_cpu_mem_arena=sys.argv[1] == "on")
+with actorrt.InferenceSession(add_chain(3), opts) as s:
+    s.run(None, {"x": np.ones((1, 16), np.float32)})
+a = np.ones(8 << 18, np.float32)  # 8 MiB, written
+mapped = libc.mallinfo2().hblkhd  # bytes in mmap'd blocks while it lives
+del a
+print(mapped, libc.mallinfo2().keepcost)
+"""
+
+
+@pytest.mark.parametrize("arena", ["on", "off"])
+def test_cpu_mem_arena_keeps_freed_memory_for_the_next_run(arena):
+    """With SessionOptions(enable_cpu_mem_arena=True) (the default) an 8 MiB
+    array comes from glibc's heap and, freed, stays at its top for the next
+    run (no page faults then); with False the allocator keeps its own dynamic
+    thresholds: the array is a fresh mapping, unmapped when freed. A fresh
+    process each (the setting is process-wide)."""
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the arena is glibc's mallopt")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _ARENA_PROBE, arena], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    mapped, keep = (int(v) for v in out.stdout.split()[-2:])
+    if arena == "on":
+        assert mapped < 8 << 20 and keep >= 8 << 20, (mapped, keep)
+    else:
+        assert mapped >= 8 << 20 and keep < 8 << 20, (mapped, keep)

@@ -48,6 +48,17 @@ def _model(case):
         RNG.standard_normal((n, c, h, w)).astype(np.float32)
 
 
+def _ort_and_traced(model, feeds: dict, opts=None):
+    """onnxruntime's outputs, actorrt's (one run, ``opts`` with op tracing)
+    and the run's op spans' args."""
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    opts = opts if opts is not None else actorrt.SessionOptions(trace="ops")
+    with actorrt.InferenceSession(model, opts) as s:
+        got = s.run(None, feeds)
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    return want, got, spans
+
+
 @pytest.mark.parametrize("drivers", ["chunks", "numba-pool", "serial"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", CASES)
@@ -70,10 +81,7 @@ def test_conv_paths_match_onnxruntime(case, compiled, drivers, monkeypatch):
     monkeypatch.setattr(_conv_util, "GEMM_PARALLEL_MIN_FLOPS", 0 if parallel else 1 << 62)
     monkeypatch.setattr(_conv_util, "GEMM_BLOCK_MIN", 16)  # several column blocks per product
     model, x = _model(case)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
-        got = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, got, spans = _ort_and_traced(model, {"x": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert spans and all(("kernel_variant.conv_impl" in a) == compiled for a in spans), spans
 
@@ -163,10 +171,7 @@ def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):
     direct kernel (the GEMM on the input's view), the same values."""
     monkeypatch.setattr(_conv_direct, "POINTWISE_MAX_INPUT_BYTES", 64)
     model, x = _model(WIDE_CASES[1])
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
-        got = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, got, spans = _ort_and_traced(model, {"x": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert [a["kernel_variant.conv"]["variant"] for a in spans] == ["1x1"]
 
@@ -191,10 +196,7 @@ def test_im2col_numpy_below_min_threads(monkeypatch):
     monkeypatch.setattr(_conv_util, "IM2COL_MIN_THREADS", 10 ** 6)
     monkeypatch.setattr(_conv_direct, "ENABLED", False)
     model, x = _model(CASES[0])
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
-        got = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, got, spans = _ort_and_traced(model, {"x": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert spans and not any("kernel_variant.conv_impl" in a for a in spans)
 
@@ -518,10 +520,7 @@ def test_weight_bytes_bound_of_the_direct_kernel(channels, direct):
     case = (1, channels, 5, 4, channels, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None)
     assert (4 * channels * channels * 9 <= _conv_direct.WIDE_MAX_WEIGHT_BYTES) == direct
     model, x = _model(case)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
-        got = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, got, spans = _ort_and_traced(model, {"x": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=2e-3)
     variants = [a["kernel_variant.conv"]["variant"] for a in spans]
     assert variants == (["direct"] if direct else ["im2col"]), variants

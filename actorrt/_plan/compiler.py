@@ -27,7 +27,8 @@ from .plan import NodePlacement, Plan, PlanOptions, Step, SubgraphRunner
 from .segments import build_segments
 from .values import IOSpec, attr_value, tensor_to_numpy, value_type_of
 
-__all__ = ["FOLD_FILL_LIMIT_ELEMENTS", "FOLD_LIMIT_ELEMENTS", "NONDETERMINISTIC", "Compiler", "compile_plan"]
+__all__ = ["FOLD_FILL_LIMIT_ELEMENTS", "FOLD_LIMIT_ELEMENTS", "NONDETERMINISTIC", "Compiler",
+           "compile_plan"]
 
 #: Ops never folded at plan time (their outputs differ between runs).
 NONDETERMINISTIC = frozenset({

@@ -61,9 +61,13 @@ PARALLEL_MIN_FLOPS = 1 << 21
 #: GEMV split) the decode step was 1.15-1.17x slower (the partner got no
 #: core: autogroup shares one group's CPU among our threads, and its spinning
 #: took the caller's share); the encoder's GEMMs 0.79-0.89x. So the split
-#: starts where the Python chunk loop's did; lower it only where an idle
-#: machine shows the one-row split paying
-PARTNER_MIN_FLOPS = PARALLEL_MIN_FLOPS
+#: started where the Python chunk loop's did, until an idle machine was
+#: measured (round 11, load < 1.3, 8 rounds): from 1 << 18 (every decode GEMV
+#: but the 256 x 256 one) the GPT-2-style decode step ran 0.83-0.86x the time
+#: of the unsplit one at 2 threads (0.336 vs 0.404 ms; 1 << 17 the same), at
+#: about twice the CPU time (the partner spins between the products, as
+#: onnxruntime's pool does by default)
+PARTNER_MIN_FLOPS = 1 << 18
 #: split through the compiled partners (False: the Python chunk loop)
 USE_PARTNERS = True
 #: the float32 A budget of a row block (bytes): the block's rows stay in L2

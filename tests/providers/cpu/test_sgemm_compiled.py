@@ -220,3 +220,27 @@ def test_attention_and_batched_matmul_models_equal_onnxruntime(threads, enabled,
                 helper.make_tensor_value_info("b", TP.FLOAT, list(b.shape))], [])
     got, want = _both(m, {"a": a, "b": b}, threads)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs
+@pytest.mark.parametrize("k, n, split", [(256, 768, True), (1024, 256, True), (256, 256, False)])
+def test_decode_sized_products_split_over_the_partners_by_default(k, n, split, monkeypatch):
+    """At two threads and the default thresholds a one-row product from
+    PARTNER_MIN_FLOPS (2^18: a decode step's QKV / FFN GEMVs, not its 256 x
+    256 projection) goes to the compiled partners; the values equal the
+    one-thread product bit for bit."""
+    from actorrt.providers.cpu import _partner
+    if not _partner.AVAILABLE:
+        pytest.skip("no compiled partners here")
+    posted = []
+    real = _partner.gemm_panels
+    monkeypatch.setattr(_partner, "gemm_panels", lambda *a: (posted.append(a[-1]), real(*a))[1])
+    a = RNG.standard_normal((1, k)).astype(np.float32)
+    b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    packed = sg.PackedB(b)
+    assert (2 * k * n >= sg.PARTNER_MIN_FLOPS) == split
+    two = sg.gemm(a, packed, bias, "Gelu", 2)
+    one = sg.gemm(a, packed, bias, "Gelu", 1)
+    assert bool(posted) == split, posted
+    np.testing.assert_array_equal(two, one)

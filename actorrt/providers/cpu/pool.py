@@ -134,6 +134,9 @@ def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilat
         return pn.global_avgpool(x.reshape(x.shape[0], x.shape[1], -1)).reshape(
             x.shape[0], x.shape[1], 1, 1)
     if pn is not None:
+        y = _flat(x, kernel, strides, dil, pb, out, False, counts)
+        if y is not None:
+            return y
         if AVG_DEPTHWISE:
             y = _avg_depthwise(x, kernel, strides, dil, pb, out, counts[0], counts[1])
             if y is not None:
@@ -160,6 +163,35 @@ def LpPool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=No
     acc = _sum_taps(xp, kernel, out, strides, dil, fn)
     res = np.sqrt(acc) if p == 2 else acc ** (1.0 / p)
     return res.astype(x.dtype, copy=False)
+
+
+#: plans of :mod:`._pool_flat` per (shape, dtype, window), shared by every
+#: node and session (a plan keeps one set of buffers: see ``_pool_flat``)
+_FLAT_PLANS: dict = {}
+#: ... at most this many (the oldest dropped first)
+FLAT_PLANS_MAX = 16
+
+
+def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
+    """Stride-1 2-D pooling of 4-D float ``x`` on :mod:`._pool_flat`, or None
+    where it does not apply (strided, other dtypes or ranks, numba missing).
+    ``counts``: AveragePool's ``(count_h, count_w)``; None for MaxPool."""
+    if not COMPILED or x.ndim != 4:
+        return None
+    from . import _pool_flat
+    if not _pool_flat.applies(x, strides):
+        return None
+    key = (x.shape, x.dtype, tuple(kernel), tuple(dil), tuple(pb), tuple(out),
+           is_max, None if counts is None else (tuple(counts[0]), tuple(counts[1])))
+    plan = _FLAT_PLANS.get(key)
+    if plan is None:
+        if len(_FLAT_PLANS) >= FLAT_PLANS_MAX:
+            _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)))
+        plan = _FLAT_PLANS[key] = _pool_flat.make_plan(
+            x, kernel, strides, dil, pb, out, is_max,
+            *(counts if counts is not None else (None, None)))
+    tracing.kernel_variant("pool", "flat", "kernel=%s", kernel)
+    return _pool_flat.pool2d(plan, x)
 
 
 def _lowest(dtype):
@@ -220,6 +252,10 @@ class MaxPool(Kernel):
             x, a("kernel_shape"), a("strides"), a("dilations"), a("pads"),
             a("auto_pad", "NOTSET"), a("ceil_mode", 0))
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
+        if COMPILED and not want_idx:
+            y = _flat(x, kernel, strides, dil, pb, out, True, None)
+            if y is not None:
+                return (y,)
         if COMPILED and x.ndim == 4 and x.dtype == np.float32 and not want_idx:
             from . import _pool_direct
             if _pool_direct.applies(x, want_idx):

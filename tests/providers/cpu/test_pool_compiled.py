@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as TP, helper
 
 import actorrt
-from actorrt.providers.cpu import _pool_direct, _pool_numba, pool
+from actorrt.providers.cpu import _pool_direct, _pool_flat, _pool_numba, pool
 
 RNG = np.random.default_rng(5)
 
@@ -29,8 +29,10 @@ CASES = [  # (shape, attrs)
 ]
 
 
-def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=False, **extra):
+def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=False, flat=False,
+         **extra):
     monkeypatch.setattr(pool, "COMPILED", compiled)
+    monkeypatch.setattr(_pool_flat, "ENABLED", flat)
     monkeypatch.setattr(pool, "AVG_DEPTHWISE", avg_dw)
     monkeypatch.setattr(_pool_direct, "ENABLED", direct)
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
@@ -43,7 +45,8 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=Fal
     with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
         got = s.run(None, {"x": x})[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
-    variant = "direct" if direct else "depthwise" if avg_dw and op == "AveragePool" else "compiled"
+    variant = "flat" if flat else "direct" if direct else \
+        "depthwise" if avg_dw and op == "AveragePool" else "compiled"
     used = any((a.get("kernel_variant.pool") or {}).get("variant") == variant for a in spans)
     return got, want, used
 
@@ -196,6 +199,7 @@ def test_averagepool_depthwise_float64(case, monkeypatch):
     from onnx.reference import ReferenceEvaluator
     monkeypatch.setattr(pool, "AVG_DEPTHWISE", True)
     monkeypatch.setattr(pool, "AVG_DEPTHWISE_MIN_PIXELS", 0)
+    monkeypatch.setattr(_pool_flat, "ENABLED", False)
     shape, attrs = CASES[case]
     x = RNG.standard_normal(shape)
     node = helper.make_node("AveragePool", ["x"], ["y"], **attrs, count_include_pad=1)
@@ -236,6 +240,7 @@ def test_maxpool_direct_split_over_threads(case, monkeypatch):
     if not _pool_direct.HAVE_KERNEL:
         pytest.skip("no numba / AVX2: the direct MaxPool is not built")
     monkeypatch.setattr(_pool_direct, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(_pool_flat, "ENABLED", False)
     shape, attrs = CASES[case]
     x = RNG.standard_normal(shape).astype(np.float32)
     monkeypatch.setattr(pool, "COMPILED", True)
@@ -249,3 +254,133 @@ def test_maxpool_direct_split_over_threads(case, monkeypatch):
         for _ in range(3):  # the second and third run reuse the -inf buffer
             got = s.run(None, {"x": x * 1})[0]
             np.testing.assert_array_equal(got, want)
+
+
+FLAT_CASES = [  # stride-1 pools: (shape, attrs)
+    CASES[0], CASES[8], CASES[9],
+    ((1, 6, 28, 28), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # inception's
+    ((2, 37, 6, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),  # small planes
+    ((1, 9, 7, 7), {"kernel_shape": [3, 3], "pads": [1, 1, 0, 0]}),  # no bottom / right pad
+    ((1, 5, 9, 19), {"kernel_shape": [2, 4], "pads": [0, 2, 1, 0]}),  # asymmetric, w > 16
+    ((1, 4, 8, 9), {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}),
+    ((1, 4, 8, 9), {"kernel_shape": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 3, 5, 33), {"kernel_shape": [5, 1], "pads": [2, 0, 2, 0]}),
+    ((3, 2, 4, 4), {"kernel_shape": [1, 1]}),
+    ((1, 3, 6, 7), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 6, 5, 5), {"kernel_shape": [1, 2], "pads": [0, 1, 0, 0]}),  # planes meet at data rows
+]
+
+
+def _flat_planes_in_reverse(monkeypatch, threads: int):
+    """Split every flat pool into plane ranges and run the ranges last first
+    (a range that wrote past its planes would then spoil an earlier one's)."""
+    from actorrt.providers.cpu import _parallel
+    monkeypatch.setattr(_pool_flat, "PARALLEL_MIN_WORK", 0 if threads > 1 else 1 << 62)
+    monkeypatch.setattr(_parallel, "run_chunks",
+                        lambda fn, n, threads: [fn(i) for i in reversed(range(n))])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op,count_include_pad", [("MaxPool", None), ("AveragePool", 0),
+                                                  ("AveragePool", 1)])
+@pytest.mark.parametrize("shape,attrs", FLAT_CASES)
+def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, threads, monkeypatch):
+    """Stride-1 MaxPool / AveragePool on the flat kernel (``_pool_flat``),
+    its planes whole or split over threads (ranges run last first), against
+    onnxruntime: MaxPool exactly, AveragePool within float32 rounding."""
+    if not _pool_flat.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    _flat_planes_in_reverse(monkeypatch, threads)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    extra = {} if count_include_pad is None else {"count_include_pad": count_include_pad}
+    opset = 12 if op == "MaxPool" else 19
+    got, want, used = _run(op, x, attrs, True, monkeypatch, opset=opset, flat=True, **extra)
+    assert used and got.shape == want.shape and got.dtype == want.dtype
+    if op == "MaxPool":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [0, 4, 5, 11])
+def test_flat_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
+    """NaN inputs (all-NaN windows, NaN next to pads): the flat MaxPool gives
+    the numpy tap path's np.fmax values bit for bit, with its reused -inf
+    buffer on later runs."""
+    if not _pool_flat.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    shape, attrs = FLAT_CASES[case]
+    for _ in range(2):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        x.reshape(-1)[::3] = np.nan
+        x[..., :3, :3] = np.nan
+        got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, flat=True)
+        want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
+        assert used
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", [1, 4, 6, 7])
+def test_flat_averagepool_float64(case, monkeypatch):
+    """float64 stride-1 AveragePool on the flat kernel against onnx's reference
+    evaluator, three runs (the padded buffer is reused: its border must stay 0)."""
+    if not _pool_flat.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    from onnx.reference import ReferenceEvaluator
+    shape, attrs = FLAT_CASES[case]
+    node = helper.make_node("AveragePool", ["x"], ["y"], **attrs, count_include_pad=1)
+    g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.DOUBLE, shape)],
+                          [helper.make_tensor_value_info("y", TP.DOUBLE, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
+        for _ in range(3):
+            x = RNG.standard_normal(shape) * 10
+            want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+            got = s.run(None, {"x": x})[0]
+            assert got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+        variants = [(sp.args.get("kernel_variant.pool") or {}).get("variant")
+                    for sp in s.session.tracer.spans if sp.cat == "op"]
+    assert "flat" in variants
+
+
+def test_flat_pool_declines_strided_windows():
+    """Strided pools are not the flat kernel's (they keep the direct and
+    depthwise kernels); the plan refuses them."""
+    x = np.zeros((1, 2, 8, 8), np.float32)
+    assert not _pool_flat.applies(x, (2, 2)) and not _pool_flat.applies(x, (1, 2))
+    assert _pool_flat.applies(x, (1, 1)) == _pool_flat.HAVE_NUMBA
+    assert not _pool_flat.applies(x.astype(np.float16), (1, 1))
+    with pytest.raises(ValueError, match="stride-1"):
+        _pool_flat.make_plan(x, (2, 2), (2, 2), (1, 1), (0, 0), (4, 4), True)
+
+
+@pytest.mark.parametrize("case", [4, 5, 12])
+def test_flat_pool_plane_range_writes_only_its_planes(case):
+    """A plane range of the flat kernel (what one thread runs) leaves every
+    other plane's padded input and output untouched, though its rows move as
+    whole vectors: checked on the buffers after a range runs alone."""
+    if not _pool_flat.HAVE_NUMBA:
+        pytest.skip("numba not installed")
+    shape, attrs = FLAT_CASES[case]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    kh, kw = attrs["kernel_shape"]
+    out = (shape[2] + pads[0] + pads[2] - kh + 1, shape[3] + pads[1] + pads[3] - kw + 1)
+    plan = _pool_flat.make_plan(x, (kh, kw), (1, 1), (1, 1), pads[:2], out, False,
+                                np.full(out[0], kh), np.full(out[1], kw))
+    planes = shape[0] * shape[1]
+    for c0 in range(planes):
+        _pool_flat.pool2d(plan, x)  # fills the buffer it hands back
+        xp, yw = plan._take()
+        xp = x.reshape(-1) if xp is None else xp
+        xp_before = xp.copy()
+        y = np.full(planes * out[0] * out[1] + _pool_flat.LANES, 7.0, np.float32)
+        _pool_flat._planes(x.reshape(-1), xp, yw, y, plan.offs, plan.cnt, plan.h, plan.w,
+                           plan.hp, plan.wp, plan.pt, plan.pl, plan.oh, plan.ow, False, 0.0,
+                           _pool_flat.BLOCK, _pool_flat.LANES, c0, c0 + 1)
+        p, q = plan.hp * plan.wp, out[0] * out[1]
+        np.testing.assert_array_equal(xp[:c0 * p], xp_before[:c0 * p])
+        np.testing.assert_array_equal(xp[(c0 + 1) * p:], xp_before[(c0 + 1) * p:])
+        assert (y[:c0 * q] == 7).all() and (y[(c0 + 1) * q:planes * q] == 7).all()
+        plan._give((None if not plan.padded else xp, yw))

@@ -1,0 +1,287 @@
+"""Stride-1 2-D MaxPool / AveragePool as tap reductions over the flattened,
+padded planes (compiled with numba; float32 and float64).
+
+The planes are copied once into a buffer ``(N*C, Hp, Wp)`` whose border holds
+the pad value (``-inf`` for MaxPool, 0 for AveragePool); an unpadded pool reads
+the input itself (``Wp = W``). In that flat buffer the window of output
+``(oy, ox)`` of plane ``c`` starts at ``c*Hp*Wp + oy*Wp + ox`` and tap
+``(i, j)`` is at the fixed offset ``i*dh*Wp + j*dw``, so one loop over one long
+contiguous range of start positions -- every row of every plane at once --
+reduces each tap with full-width vectors, whatever the plane size (the
+positions in the border columns are computed and dropped). A last pass picks
+the output rows and, for AveragePool, divides by the caller's window counts.
+
+It replaced the per-plane kernels for stride-1 pools, whose per-row and
+per-plane costs dominated small planes (7x7 to 28x28; round 12 of
+``docs/speed.md``). Strided pools keep :mod:`._pool_direct` and the depthwise
+kernel: in this layout they compute ``sh`` times the rows they need, and per
+output row the loops are too short for numba's vectorized loops.
+
+Values: AveragePool sums the taps in row-major tap order, then divides by
+``count_h[oy] * count_w[ox]`` (as the depthwise path); MaxPool is IEEE
+``maxNum`` over the taps in order starting from the first (a NaN loses to a
+number, as ``np.fmax``; an all-NaN window gives NaN; a window wholly in the
+padding ``-inf``) -- the numpy tap path's values.
+
+Shapes: ``x (N, C, H, W)`` float32/float64 -> ``(N, C, OH, OW)`` of its dtype.
+Planes split over the intra-op threads (:func:`._parallel.run_chunks`).
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import math
+import threading
+
+import numpy as np
+
+from ._conv_numba import HAVE_NUMBA
+
+__all__ = ["ENABLED", "HAVE_NUMBA", "PARALLEL_MIN_WORK", "Plan", "applies", "make_plan", "pool2d"]
+
+#: use this kernel for 2-D float pooling where it applies
+ENABLED = True
+#: split over the intra-op threads from this many computed positions x taps
+PARALLEL_MIN_WORK = 1 << 18
+#: positions per block of the tap loop (the block's sums stay in L1)
+BLOCK = 4096
+#: row copies and picks move whole groups of this many values (a runtime
+#: argument: numba's loop vectorizer then checks aliasing at run time; a
+#: constant trip count went to the SLP vectorizer, which kept them scalar)
+LANES = 16
+
+if HAVE_NUMBA:
+    from numba import njit
+
+    # The tap loops index 1-D views from 0: numba vectorizes those (indexing
+    # the buffer at ``b + off + q`` ran scalar, 15x slower). Taps are taken
+    # four at a time so the partial sums go through memory once per four
+    # taps, in tap order ((((s + a) + b) + c) + d: the sequential order).
+    @njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
+    def _sum_block(xp, offs, dst, b, m):  # pragma: no cover - compiled
+        nt = len(offs)
+        s0 = xp[b + offs[0]:b + offs[0] + m]
+        t = 1
+        if nt >= 4:
+            s1 = xp[b + offs[1]:b + offs[1] + m]
+            s2 = xp[b + offs[2]:b + offs[2] + m]
+            s3 = xp[b + offs[3]:b + offs[3] + m]
+            for q in range(m):
+                dst[q] = s0[q] + s1[q] + s2[q] + s3[q]
+            t = 4
+        else:
+            for q in range(m):
+                dst[q] = s0[q]
+        while t + 4 <= nt:
+            s0 = xp[b + offs[t]:b + offs[t] + m]
+            s1 = xp[b + offs[t + 1]:b + offs[t + 1] + m]
+            s2 = xp[b + offs[t + 2]:b + offs[t + 2] + m]
+            s3 = xp[b + offs[t + 3]:b + offs[t + 3] + m]
+            for q in range(m):
+                dst[q] = dst[q] + s0[q] + s1[q] + s2[q] + s3[q]
+            t += 4
+        while t < nt:
+            s0 = xp[b + offs[t]:b + offs[t] + m]
+            for q in range(m):
+                dst[q] += s0[q]
+            t += 1
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
+    def _maxnum(a, v):  # pragma: no cover - compiled
+        # IEEE maxNum: the number where one is NaN, else the larger (a kept on ties)
+        return v if (v > a or a != a) else a
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")
+    def _max_block(xp, offs, dst, b, m):  # pragma: no cover - compiled
+        nt = len(offs)
+        s0 = xp[b + offs[0]:b + offs[0] + m]
+        t = 1
+        if nt >= 3:
+            s1 = xp[b + offs[1]:b + offs[1] + m]
+            s2 = xp[b + offs[2]:b + offs[2] + m]
+            for q in range(m):
+                dst[q] = _maxnum(_maxnum(s0[q], s1[q]), s2[q])
+            t = 3
+        else:
+            for q in range(m):
+                dst[q] = s0[q]
+        while t + 3 <= nt:
+            s0 = xp[b + offs[t]:b + offs[t] + m]
+            s1 = xp[b + offs[t + 1]:b + offs[t + 1] + m]
+            s2 = xp[b + offs[t + 2]:b + offs[t + 2] + m]
+            for q in range(m):
+                dst[q] = _maxnum(_maxnum(_maxnum(dst[q], s0[q]), s1[q]), s2[q])
+            t += 3
+        while t < nt:
+            s0 = xp[b + offs[t]:b + offs[t] + m]
+            for q in range(m):
+                dst[q] = _maxnum(dst[q], s0[q])
+            t += 1
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _copy_rows(x, xp, h, w, hp, wp, pt, pl, pad, lanes, c0, c1):  # pragma: no cover - compiled
+        # each row as whole groups of ``lanes`` (the cells past the row get the
+        # pad value: the row's right pad, the next row's left pad and cells the
+        # next row rewrites); exact where that would leave the plane or x
+        plane = hp * wp
+        wide = -(-w // lanes) * lanes
+        for c in range(c0, c1):
+            for r in range(h):
+                s = (c * h + r) * w
+                d = (c * hp + r + pt) * wp + pl
+                n = wide if s + wide <= x.size and d + wide <= (c + 1) * plane else w
+                src = x[s:s + n]
+                dst = xp[d:d + n]
+                for q in range(n):
+                    dst[q] = src[q] if q < w else pad
+
+    # Output rows move as whole groups of ``lanes`` where they stay in the
+    # plane's outputs (the next row rewrites the cells past this one); ``yw``
+    # and ``cnt`` carry ``lanes`` cells of slack for the over-read. One plain
+    # loop per case (a call or a branch per row in the loop body kept numba's
+    # vectorizer off: 13x slower)
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _pick_max(yw, y, plane, wp, oh, ow, lanes, c0, c1):  # pragma: no cover
+        wide = -(-ow // lanes) * lanes
+        for c in range(c0, c1):
+            end = (c + 1) * oh * ow
+            for oy in range(oh):
+                s = c * plane + oy * wp
+                d = (c * oh + oy) * ow
+                n = wide if d + wide <= end else ow
+                src = yw[s:s + n]
+                dst = y[d:d + n]
+                for q in range(n):
+                    dst[q] = src[q]
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _pick_avg(yw, y, cnt, plane, wp, oh, ow, lanes, c0, c1):  # pragma: no cover
+        wide = -(-ow // lanes) * lanes
+        for c in range(c0, c1):
+            end = (c + 1) * oh * ow
+            for oy in range(oh):
+                s = c * plane + oy * wp
+                d = (c * oh + oy) * ow
+                n = wide if d + wide <= end else ow
+                src = yw[s:s + n]
+                dst = y[d:d + n]
+                cq = cnt[oy * ow:oy * ow + n]
+                for q in range(n):
+                    dst[q] = src[q] / cq[q]
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _planes(x, xp, yw, y, offs, cnt, h, w, hp, wp, pt, pl, oh, ow, is_max, pad,
+                block, lanes, c0, c1):  # pragma: no cover - compiled
+        """Planes ``[c0, c1)``: pad copy (when ``xp`` is not ``x``), taps, pick."""
+        plane = hp * wp
+        if pt or pl or hp != h or wp != w:
+            _copy_rows(x, xp, h, w, hp, wp, pt, pl, pad, lanes, c0, c1)
+        start, stop = c0 * plane, c1 * plane - offs[-1]
+        for b in range(start, stop, block):
+            m = min(block, stop - b)
+            if is_max:
+                _max_block(xp, offs, yw[b:b + m], b, m)
+            else:
+                _sum_block(xp, offs, yw[b:b + m], b, m)
+        if is_max:
+            _pick_max(yw, y, plane, wp, oh, ow, lanes, c0, c1)
+        else:
+            _pick_avg(yw, y, cnt, plane, wp, oh, ow, lanes, c0, c1)
+
+
+class Plan:
+    """The flat geometry of one stride-1 pooling (input shape, window, mode) and its
+    reusable padded buffers (the border keeps the pad value: a buffer only
+    has its interior rewritten, so it serves any later call of the plan)."""
+
+    def __init__(self, x_shape, dtype, kernel, strides, dilations, pads_begin, out_shape,
+                 is_max: bool, count_h=None, count_w=None):
+        """Raises ValueError: strides other than (1, 1)."""
+        n, c, h, w = x_shape
+        (kh, kw), (dh, dw) = kernel, dilations
+        if tuple(strides) != (1, 1):
+            raise ValueError(f"_pool_flat takes stride-1 pools, got strides {strides}")
+        (pt, pl), (oh, ow) = pads_begin, out_shape
+        self.dtype = np.dtype(dtype)
+        self.is_max = bool(is_max)
+        self.pad = -np.inf if is_max else 0.0
+        self.planes = n * c
+        self.h, self.w, self.pt, self.pl = h, w, pt, pl
+        self.oh, self.ow = oh, ow
+        # the buffer covers the image, the leading pads and every tap of every output
+        self.hp = max(pt + h, oh + (kh - 1) * dh)
+        self.wp = max(pl + w, ow + (kw - 1) * dw)
+        self.padded = (pt, pl, self.hp, self.wp) != (0, 0, h, w)
+        self.offs = np.array([i * dh * self.wp + j * dw for i in range(kh) for j in range(kw)],
+                             np.int64)
+        self.y_shape = (n, c, oh, ow)
+        self.cnt = np.ones(oh * ow + LANES, self.dtype)  # LANES: the picks' over-read
+        if not is_max:
+            self.cnt[:oh * ow] = np.multiply.outer(np.asarray(count_h, self.dtype),
+                                                   np.asarray(count_w, self.dtype)).reshape(-1)
+        self.work = self.planes * self.hp * self.wp * len(self.offs)
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def _take(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """(padded input buffer or None where the input is read in place, sums buffer)."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        xp = np.full(self.planes * self.hp * self.wp, self.pad, self.dtype) if self.padded \
+            else None
+        # LANES: the picks' over-read
+        return xp, np.empty(self.planes * self.hp * self.wp + LANES, self.dtype)
+
+    def _give(self, bufs) -> None:
+        with self._lock:
+            if not self._free:  # one set kept; a concurrent call's own set is dropped
+                self._free.append(bufs)
+
+
+def applies(x: np.ndarray, strides) -> bool:
+    """Whether :func:`pool2d` takes a pooling of ``x`` with ``strides``
+    (stride 1, 4-D float32/float64, numba installed, :data:`ENABLED`)."""
+    return ENABLED and HAVE_NUMBA and tuple(strides) == (1, 1) and x.ndim == 4 \
+        and x.dtype in (np.float32, np.float64) and x.size > 0
+
+
+def make_plan(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape, is_max: bool,
+              count_h=None, count_w=None) -> Plan:
+    """A :class:`Plan` for pooling ``x``'s shape and dtype. ``count_h (OH,)`` /
+    ``count_w (OW,)``: AveragePool's divisor factors (pads counted or not, the
+    caller decides); ignored for MaxPool."""
+    return Plan(x.shape, x.dtype, tuple(kernel), tuple(strides), tuple(dilations),
+                tuple(pads_begin), tuple(out_shape), is_max, count_h, count_w)
+
+
+def pool2d(plan: Plan, x: np.ndarray) -> np.ndarray:
+    """``y (N, C, OH, OW)`` of ``x`` (the plan's shape and dtype): see the
+    module doc for the values."""
+    xf = np.ascontiguousarray(x).reshape(-1)
+    n_out = math.prod(plan.y_shape)
+    yf = np.empty(n_out + LANES, plan.dtype)[:n_out]  # LANES: the picks' whole-vector rows
+    y = yf.reshape(plan.y_shape)
+    bufs = plan._take()
+    xp, yw = bufs
+    if xp is None:
+        xp = xf
+    args = (xf, xp, yw, yf, plan.offs, plan.cnt, plan.h, plan.w, plan.hp, plan.wp, plan.pt,
+            plan.pl, plan.oh, plan.ow, plan.is_max, plan.pad, BLOCK, LANES)
+    try:
+        threads = 1
+        if plan.planes > 1 and plan.work >= PARALLEL_MIN_WORK:
+            from ._threads import current
+            threads = current()
+        if threads <= 1:
+            _planes(*args, 0, plan.planes)
+        else:
+            from . import _parallel
+            per = -(-plan.planes // (_parallel.CHUNKS_PER_THREAD * threads))
+            _parallel.run_chunks(
+                lambda i: _planes(*args, i * per, min(plan.planes, (i + 1) * per)),
+                -(-plan.planes // per), threads)
+    finally:
+        plan._give(bufs)
+    return y

@@ -32,7 +32,6 @@ from __future__ import annotations
 from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
 import math
-import threading
 
 import numpy as np
 
@@ -46,6 +45,9 @@ ENABLED = True
 PARALLEL_MIN_WORK = 1 << 18
 #: positions per block of the tap loop (the block's sums stay in L1)
 BLOCK = 4096
+#: planes are copied, reduced and picked in groups of about this many padded
+#: values (128 KiB of float32 per buffer: L2-resident next to the input)
+GROUP_ELEMENTS = 1 << 15
 #: row copies and picks move whole groups of this many values (a runtime
 #: argument: numba's loop vectorizer then checks aliasing at run time; a
 #: constant trip count went to the SLP vectorizer, which kept them scalar)
@@ -171,29 +173,39 @@ if HAVE_NUMBA:
                     dst[q] = src[q] / cq[q]
 
     @njit(nogil=True, boundscheck=False, error_model="numpy")
-    def _planes(x, xp, yw, y, offs, cnt, h, w, hp, wp, pt, pl, oh, ow, is_max, pad,
+    def _planes(x, y, offs, cnt, h, w, hp, wp, pt, pl, oh, ow, is_max, pad, padded, group,
                 block, lanes, c0, c1):  # pragma: no cover - compiled
-        """Planes ``[c0, c1)``: pad copy (when ``xp`` is not ``x``), taps, pick."""
+        """Planes ``[c0, c1)`` of ``x`` into ``y``, ``group`` planes at a
+        time: their padded copy (unless unpadded: read in place), the taps
+        and the pick, in buffers of one group (they stay in cache)."""
         plane = hp * wp
-        if pt or pl or hp != h or wp != w:
-            _copy_rows(x, xp, h, w, hp, wp, pt, pl, pad, lanes, c0, c1)
-        start, stop = c0 * plane, c1 * plane - offs[-1]
-        for b in range(start, stop, block):
-            m = min(block, stop - b)
-            if is_max:
-                _max_block(xp, offs, yw[b:b + m], b, m)
+        xp = np.empty(group * plane + lanes, x.dtype)
+        xp[:] = pad
+        yw = np.empty(group * plane + lanes, x.dtype)  # lanes: the picks' over-read
+        for g0 in range(c0, c1, group):
+            ng = min(c1, g0 + group) - g0
+            xg = x[g0 * h * w:(g0 + ng) * h * w]
+            yg = y[g0 * oh * ow:(g0 + ng) * oh * ow]
+            if padded:
+                _copy_rows(xg, xp, h, w, hp, wp, pt, pl, pad, lanes, 0, ng)
+                src = xp
             else:
-                _sum_block(xp, offs, yw[b:b + m], b, m)
-        if is_max:
-            _pick_max(yw, y, plane, wp, oh, ow, lanes, c0, c1)
-        else:
-            _pick_avg(yw, y, cnt, plane, wp, oh, ow, lanes, c0, c1)
+                src = xg
+            stop = ng * plane - offs[-1]
+            for b in range(0, stop, block):
+                m = min(block, stop - b)
+                if is_max:
+                    _max_block(src, offs, yw[b:b + m], b, m)
+                else:
+                    _sum_block(src, offs, yw[b:b + m], b, m)
+            if is_max:
+                _pick_max(yw, yg, plane, wp, oh, ow, lanes, 0, ng)
+            else:
+                _pick_avg(yw, yg, cnt, plane, wp, oh, ow, lanes, 0, ng)
 
 
 class Plan:
-    """The flat geometry of one stride-1 pooling (input shape, window, mode) and its
-    reusable padded buffers (the border keeps the pad value: a buffer only
-    has its interior rewritten, so it serves any later call of the plan)."""
+    """The flat geometry of one stride-1 pooling (input shape, window, mode)."""
 
     def __init__(self, x_shape, dtype, kernel, strides, dilations, pads_begin, out_shape,
                  is_max: bool, count_h=None, count_w=None):
@@ -221,23 +233,8 @@ class Plan:
             self.cnt[:oh * ow] = np.multiply.outer(np.asarray(count_h, self.dtype),
                                                    np.asarray(count_w, self.dtype)).reshape(-1)
         self.work = self.planes * self.hp * self.wp * len(self.offs)
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def _take(self) -> tuple[np.ndarray | None, np.ndarray]:
-        """(padded input buffer or None where the input is read in place, sums buffer)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        xp = np.full(self.planes * self.hp * self.wp, self.pad, self.dtype) if self.padded \
-            else None
-        # LANES: the picks' over-read
-        return xp, np.empty(self.planes * self.hp * self.wp + LANES, self.dtype)
-
-    def _give(self, bufs) -> None:
-        with self._lock:
-            if not self._free:  # one set kept; a concurrent call's own set is dropped
-                self._free.append(bufs)
+        # planes per group: the group's padded copy and sums fit in L1 / L2
+        self.group = max(1, GROUP_ELEMENTS // (self.hp * self.wp))
 
 
 def applies(x: np.ndarray, strides) -> bool:
@@ -260,28 +257,19 @@ def pool2d(plan: Plan, x: np.ndarray) -> np.ndarray:
     """``y (N, C, OH, OW)`` of ``x`` (the plan's shape and dtype): see the
     module doc for the values."""
     xf = np.ascontiguousarray(x).reshape(-1)
-    n_out = math.prod(plan.y_shape)
-    yf = np.empty(n_out + LANES, plan.dtype)[:n_out]  # LANES: the picks' whole-vector rows
-    y = yf.reshape(plan.y_shape)
-    bufs = plan._take()
-    xp, yw = bufs
-    if xp is None:
-        xp = xf
-    args = (xf, xp, yw, yf, plan.offs, plan.cnt, plan.h, plan.w, plan.hp, plan.wp, plan.pt,
-            plan.pl, plan.oh, plan.ow, plan.is_max, plan.pad, BLOCK, LANES)
-    try:
-        threads = 1
-        if plan.planes > 1 and plan.work >= PARALLEL_MIN_WORK:
-            from ._threads import current
-            threads = current()
-        if threads <= 1:
-            _planes(*args, 0, plan.planes)
-        else:
-            from . import _parallel
-            per = -(-plan.planes // (_parallel.CHUNKS_PER_THREAD * threads))
-            _parallel.run_chunks(
-                lambda i: _planes(*args, i * per, min(plan.planes, (i + 1) * per)),
-                -(-plan.planes // per), threads)
-    finally:
-        plan._give(bufs)
+    y = np.empty(plan.y_shape, plan.dtype)
+    yf = y.reshape(-1)
+    args = (xf, yf, plan.offs, plan.cnt, plan.h, plan.w, plan.hp, plan.wp, plan.pt, plan.pl,
+            plan.oh, plan.ow, plan.is_max, plan.pad, plan.padded, plan.group, BLOCK, LANES)
+    threads = 1
+    if plan.planes > 1 and plan.work >= PARALLEL_MIN_WORK:
+        from ._threads import current
+        threads = current()
+    if threads <= 1:
+        _planes(*args, 0, plan.planes)
+    else:
+        from . import _parallel
+        per = -(-plan.planes // (_parallel.CHUNKS_PER_THREAD * threads))
+        _parallel.run_chunks(lambda i: _planes(*args, i * per, min(plan.planes, (i + 1) * per)),
+                             -(-plan.planes // per), threads)
     return y

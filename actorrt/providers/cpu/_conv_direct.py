@@ -139,12 +139,22 @@ VW = 16 if HAVE_KERNEL and _features.get("avx512f") else 8
 #: layer, thread CPU time, interleaved, 3x3 on 14x14 / 7x7 planes: 1.60-3.50x
 #: onnxruntime -> 1.38-1.91x; 24 channels the same within noise but wasting rows
 #: on 64 / 224-channel layers; 12 / 14 channels for the wide block: no change)
-BLOCKS = ((8, 2, 1), (16, 1, 1), (16, 1, 2), (16, 1, 4)) if VW == 16 else \
+#: Kind 4 (16-lane tiles only, :data:`CHANNEL_TILES`) turns the vectors
+#: round: ``<16 x float>`` over output channels (``MR = 16 * CT_NV``), one
+#: accumulator pair per output pixel (:data:`CT_PIXELS` of one row), the
+#: input broadcast per pixel -- onnxruntime's NCHWc arrangement on NCHW data,
+#: so rows narrower than a vector waste no lanes; the store scatters each
+#: pixel's channels (``llvm.masked.scatter``).
+CT_PIXELS, CT_NV = 8, 2
+BLOCKS = ((8, 2, 1), (16, 1, 1), (16, 1, 2), (16, 1, 4), (16 * CT_NV, 1, 1)) if VW == 16 else \
     ((4, 2, 1), (8, 1, 1), (8, 1, 2), (8, 1, 4))
 BLOCK_WIDE, BLOCK_NARROW = BLOCKS[0][:2], BLOCKS[1][:2]
 _KIND_MR = tuple(b[0] for b in BLOCKS)
-_KIND_COLS = tuple(VW * b[1] for b in BLOCKS)
+_KIND_COLS = tuple(VW * b[1] for b in BLOCKS[:4]) + ((CT_PIXELS,) if VW == 16 else ())
 _KIND_RPT = tuple(b[2] for b in BLOCKS)
+#: rows of at most :data:`CT_PIXELS` output columns take the channel-vector
+#: tiles (kind 4) with the 16-lane tiles
+CHANNEL_TILES = True
 
 if HAVE_KERNEL:
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -271,17 +281,118 @@ if HAVE_KERNEL:
             return context.get_dummy_value()
         return codegen
 
-    def _tile_intrinsic(mr, nv, rpt):
+    def _ctile_codegen(npix, nv, vw=16):
+        """Kind 4: ``npix`` pixels x ``nv * vw`` output channels, vectors over
+        channels (see :data:`BLOCKS`); the arguments are the other tiles'."""
+        def codegen(context, builder, sig, args):
+            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
+                      for i in (0, 2, 4, 6, 10, 12)]
+            xa, oa, wa, ya, ba, za = arrays
+            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
+                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
+            lo, hi, alpha = args[14], args[15], args[16]
+            vf = _V(_f32, vw)
+            vi = _V(_i64, vw)
+            vp = _V(_f32.as_pointer(), vw)
+            fast = ("fast",)
+            zero = ir.Constant(vf, [0.0] * vw)
+            mask_t = _V(_i1, vw)
+            gather = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vf, [vp, _i32, mask_t, vf]),
+                f"llvm.masked.gather.v{vw}f32.v{vw}p0f32")
+            scatter = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [vf, vp, _i32, mask_t]),
+                f"llvm.masked.scatter.v{vw}f32.v{vw}p0f32")
+            mload = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vf, [vf.as_pointer(), _i32, mask_t, vf]),
+                f"llvm.masked.load.v{vw}f32.p0v{vw}f32")
+            # pixels past the row read its last valid pixel (an address that exists)
+            last = builder.sub(ncols, _i64(1))
+            pofs = [builder.select(builder.icmp_signed("<", _i64(p), ncols), _i64(p), last)
+                    for p in range(npix)]
+            entry = builder.block
+            loop = builder.append_basic_block("ctile.loop")
+            done = builder.append_basic_block("ctile.done")
+            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
+            builder.position_at_end(loop)
+            r = builder.phi(_i64)
+            r.add_incoming(_i64(0), entry)
+            accs = [builder.phi(vf) for _ in range(npix * nv)]
+            for phi in accs:
+                phi.add_incoming(zero, entry)
+            xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
+            wb = builder.add(w_off, builder.mul(r, _i64(vw * nv)))
+            wv = [builder.load(_vptr(builder, wa, builder.add(wb, _i64(vw * v)), vw), align=4)
+                  for v in range(nv)]
+            new = []
+            for p in range(npix):
+                xv = _splat(builder, builder.load(builder.gep(xa, [builder.add(xb, pofs[p])])), vw)
+                for v in range(nv):
+                    new.append(builder.fadd(accs[p * nv + v],
+                                            builder.fmul(wv[v], xv, flags=fast), flags=fast))
+            r1 = builder.add(r, _i64(1))
+            r.add_incoming(r1, loop)
+            for phi, val in zip(accs, new):
+                phi.add_incoming(val, loop)
+            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
+
+            builder.position_at_end(done)
+            finals = []
+            for val in new:
+                phi = builder.phi(vf)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(val, loop)
+                finals.append(phi)
+            lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
+            zflag = _splat(builder, builder.icmp_signed("!=", has_z, _i64(0)), vw, ty=_i1)
+            accumulate = _splat(builder, builder.icmp_signed(
+                "!=", builder.and_(flags, _i64(1)), _i64(0)), vw, ty=_i1)
+            final = builder.icmp_signed("!=", builder.and_(flags, _i64(2)), _i64(0))
+            y_base = _splat(builder, builder.ptrtoint(ya, _i64), vw)
+            z_base = _splat(builder, builder.ptrtoint(za, _i64), vw)
+            stride4 = _splat(builder, builder.mul(y_stride, _i64(4)), vw)
+            for v in range(nv):
+                ch = ir.Constant(vi, list(range(vw * v, vw * v + vw)))
+                ch_ok = builder.icmp_signed("<", ch, _splat(builder, mvalid, vw))
+                bv = builder.call(mload, [_vptr(builder, ba, builder.add(b_off, _i64(vw * v)), vw),
+                                          _i32(4), ch_ok, zero])
+                rel = builder.mul(ch, stride4)  # byte offsets of the channels' rows
+                for p in range(npix):
+                    pix_ok = _splat(builder, builder.icmp_signed("<", _i64(p), ncols), vw, ty=_i1)
+                    mask = builder.and_(ch_ok, pix_ok)
+                    at = _splat(builder, builder.mul(builder.add(y_off, _i64(p)), _i64(4)), vw)
+                    off = builder.add(rel, at)
+                    yp = builder.inttoptr(builder.add(y_base, off), vp)
+                    zp = builder.inttoptr(builder.add(z_base, off), vp)
+                    prev = builder.call(gather, [yp, _i32(4), builder.and_(mask, accumulate), zero])
+                    raw = builder.fadd(finals[p * nv + v], prev, flags=fast)
+                    val = builder.fadd(raw, bv, flags=fast)
+                    zv = builder.call(gather, [zp, _i32(4), builder.and_(mask, zflag), zero])
+                    val = builder.fadd(val, zv, flags=fast)
+                    val = builder.select(builder.fcmp_ordered("<", val, zero),
+                                         builder.fmul(val, alv, flags=fast), val)
+                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
+                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
+                    val = builder.select(final, val, raw)
+                    builder.call(scatter, [val, yp, _i32(4), mask])
+            return context.get_dummy_value()
+        return codegen
+
+    def _tile_intrinsic(mr, nv, rpt, codegen=None):
         def typer(typingctx, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
                   bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride):
             return (types.void(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
                                bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w,
                                x_rstride),
-                    _tile_codegen(mr, nv, VW, rpt))
-        typer.__name__ = f"_dconv_tile_{mr}x{nv}x{VW}r{rpt}"
+                    codegen or _tile_codegen(mr, nv, VW, rpt))
+        typer.__name__ = f"_dconv_tile_{mr}x{nv}x{VW}r{rpt}" + ("c" if codegen else "")
         return intrinsic(typer)
 
-    _tile0, _tile1, _tile2, _tile3 = (_tile_intrinsic(*b) for b in BLOCKS)
+    _tile0, _tile1, _tile2, _tile3 = (_tile_intrinsic(*b) for b in BLOCKS[:4])
+    if VW == 16:
+        _tile4 = _tile_intrinsic(*BLOCKS[4], codegen=_ctile_codegen(CT_PIXELS, CT_NV))
+    else:  # never called (no kind 4 without the 16-lane tiles)
+        _tile4 = _tile3
 
     @njit(nogil=True, cache=True, inline="always")
     def _tile(kind, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
@@ -295,8 +406,11 @@ if HAVE_KERNEL:
         elif kind == 2:
             _tile2(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
                    has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
-        else:
+        elif kind == 3:
             _tile3(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        else:
+            _tile4(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
                    has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
 
     @njit(nogil=True, cache=True)
@@ -373,6 +487,8 @@ def block_for(ow: int) -> int:
     tiles, several rows in one tile for rows of at most VW / 2 columns."""
     if ow > VW:
         return 0
+    if VW == 16 and CHANNEL_TILES and ow <= CT_PIXELS:
+        return 4
     if VW == 16 and MULTI_ROW and 2 * ow <= VW:
         return 3 if 4 * ow <= VW else 2
     return 1

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _partner, _pool_direct
+from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _partner, _pool_direct, _pool_flat
 
 from .test_conv_compiled import CASES as CONV_CASES, WIDE_CASES, _model
 from .test_pool_compiled import CASES as POOL_CASES
@@ -151,6 +151,7 @@ def test_maxpool_split_matches_onnxruntime(shape, attrs, mode, monkeypatch, post
         pytest.skip("no numba / AVX2: the direct MaxPool is not built")
     threads = _mode(mode, monkeypatch)
     monkeypatch.setattr(_pool_direct, "ENABLED", True)
+    monkeypatch.setattr(_pool_flat, "ENABLED", False)  # stride-1 pools: the direct kernel here
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     x = RNG.standard_normal(shape).astype(np.float32)
     node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _pool_direct
+from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _pool_direct, _pool_flat
 
 from .test_conv_compiled import _model
 from .test_conv_split import MORE_CONV_CASES
@@ -123,6 +123,7 @@ def test_maxpool_blocks_reused_match(shape, attrs, monkeypatch):
     onnxruntime's values whichever block path."""
     _force_split(monkeypatch)
     monkeypatch.setattr(_pool_direct, "ENABLED", True)
+    monkeypatch.setattr(_pool_flat, "ENABLED", False)  # stride-1 pools: the direct kernel here
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
     g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.FLOAT, shape)],

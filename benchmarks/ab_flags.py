@@ -14,6 +14,11 @@ onnxruntime; printed: median ms per run, the ratios to onnxruntime, and
 new / old per round. On a shared machine check the spread with an A/A toggle
 (the same value twice) first: at 2 threads under load 5-8 single rounds moved
 0.44-1.23 with nothing changed (round 8).
+
+``--sessions``: for attributes read when a kernel makes its per-shape plan
+(e.g. ``_conv_direct:CHANNEL_TILES:False:True``): one session per setting,
+each made and first run under its setting (the attributes are set again
+before each of its timed rounds).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--budget", type=float, default=0.3)
+    ap.add_argument("--sessions", action="store_true",
+                    help="one session per setting (plan-time attributes)")
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[v] = str(args.threads)
@@ -61,7 +68,9 @@ def main() -> None:
     for name in args.models.split(","):
         model, feeds = bench_models.build(name)
         raw = model.SerializeToString()
-        s = actorrt.InferenceSession(raw, actorrt.SessionOptions(intra_op_num_threads=args.threads))
+        opts = actorrt.SessionOptions(intra_op_num_threads=args.threads)
+        s = actorrt.InferenceSession(raw, opts)
+        sess = {False: s, True: actorrt.InferenceSession(raw, opts) if args.sessions else s}
         so = ort.SessionOptions()
         so.intra_op_num_threads = args.threads
         so.inter_op_num_threads = 1
@@ -69,7 +78,7 @@ def main() -> None:
         want = o.run(None, feeds)[0]
         for new in (False, True):
             use(new)
-            got = s.run(None, feeds)[0]
+            got = sess[new].run(None, feeds)[0]
             err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
             print(f"{name} {'new' if new else 'old'}: err {err:.1e}")
         times = {"old": [], "new": [], "ort": []}
@@ -78,14 +87,16 @@ def main() -> None:
             for key in order + ("ort",):
                 if key != "ort":
                     use(key == "new")
-                f = (lambda: o.run(None, feeds)) if key == "ort" else (lambda: s.run(None, feeds))
+                f = (lambda: o.run(None, feeds)) if key == "ort" else \
+                    (lambda: sess[key == "new"].run(None, feeds))
                 t0, n = time.perf_counter(), 0
                 while n == 0 or time.perf_counter() - t0 < args.budget:
                     f()
                     n += 1
                 times[key].append((time.perf_counter() - t0) / n * 1e3)
         use(False)
-        s.close()
+        for x in set(sess.values()):
+            x.close()
         med = {k: statistics.median(v) for k, v in times.items()}
         per = " ".join(f"{b / a:.2f}" for a, b in zip(times["old"], times["new"]))
         print(f"{name} {args.threads}t: old {med['old']:.2f} ms, new {med['new']:.2f} ms, "

@@ -139,21 +139,27 @@ VW = 16 if HAVE_KERNEL and _features.get("avx512f") else 8
 #: layer, thread CPU time, interleaved, 3x3 on 14x14 / 7x7 planes: 1.60-3.50x
 #: onnxruntime -> 1.38-1.91x; 24 channels the same within noise but wasting rows
 #: on 64 / 224-channel layers; 12 / 14 channels for the wide block: no change)
-#: Kind 4 (16-lane tiles only, :data:`CHANNEL_TILES`) turns the vectors
-#: round: ``<16 x float>`` over output channels (``MR = 16 * CT_NV``), one
-#: accumulator pair per output pixel (:data:`CT_PIXELS` of one row), the
+#: Kinds 4-6 (16-lane tiles only, :data:`CHANNEL_TILES`) turn the vectors
+#: round: ``<16 x float>`` over output channels (``MR = 16 * NV``), one
+#: accumulator per pixel and channel vector (``P`` pixels of one row), the
 #: input broadcast per pixel -- onnxruntime's NCHWc arrangement on NCHW data,
 #: so rows narrower than a vector waste no lanes; the store scatters each
-#: pixel's channels (``llvm.masked.scatter``).
-CT_PIXELS, CT_NV = 8, 2
-BLOCKS = ((8, 2, 1), (16, 1, 1), (16, 1, 2), (16, 1, 4), (16 * CT_NV, 1, 1)) if VW == 16 else \
+#: pixel's channels (``llvm.masked.scatter``). ``(P, NV)`` per kind: 4x4 for
+#: rows of at most 4 columns and 48+ channels, 7x2 for rows of at most 7,
+#: 8x2 for rows of 8 (per layer against the row tiles, 1 thread: 3x3 512 ->
+#: 512 on 7x7 1,670 -> 1,140 us (onnxruntime 1,014), 192 -> 224 on 7x7 265 ->
+#: 188 (173), 64 -> 64 on 4x4 49 -> 28 (23); 12 pixels spilled registers)
+CT_TILES = ((4, 4), (7, 2), (8, 2))
+BLOCKS = ((8, 2, 1), (16, 1, 1), (16, 1, 2), (16, 1, 4)) + \
+    tuple((16 * nv, 1, 1) for _, nv in CT_TILES) if VW == 16 else \
     ((4, 2, 1), (8, 1, 1), (8, 1, 2), (8, 1, 4))
 BLOCK_WIDE, BLOCK_NARROW = BLOCKS[0][:2], BLOCKS[1][:2]
 _KIND_MR = tuple(b[0] for b in BLOCKS)
-_KIND_COLS = tuple(VW * b[1] for b in BLOCKS[:4]) + ((CT_PIXELS,) if VW == 16 else ())
+_KIND_COLS = tuple(VW * b[1] for b in BLOCKS[:4]) + \
+    (tuple(p for p, _ in CT_TILES) if VW == 16 else ())
 _KIND_RPT = tuple(b[2] for b in BLOCKS)
-#: rows of at most :data:`CT_PIXELS` output columns take the channel-vector
-#: tiles (kind 4) with the 16-lane tiles
+#: rows of at most 8 output columns take the channel-vector tiles (kinds
+#: 4-6) with the 16-lane tiles
 CHANNEL_TILES = True
 
 if HAVE_KERNEL:
@@ -390,9 +396,10 @@ if HAVE_KERNEL:
 
     _tile0, _tile1, _tile2, _tile3 = (_tile_intrinsic(*b) for b in BLOCKS[:4])
     if VW == 16:
-        _tile4 = _tile_intrinsic(*BLOCKS[4], codegen=_ctile_codegen(CT_PIXELS, CT_NV))
-    else:  # never called (no kind 4 without the 16-lane tiles)
-        _tile4 = _tile3
+        _tile4, _tile5, _tile6 = (_tile_intrinsic(*b, codegen=_ctile_codegen(*ct))
+                                  for b, ct in zip(BLOCKS[4:], CT_TILES))
+    else:  # never called (no kinds 4-6 without the 16-lane tiles)
+        _tile4 = _tile5 = _tile6 = _tile3
 
     @njit(nogil=True, cache=True, inline="always")
     def _tile(kind, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
@@ -409,8 +416,14 @@ if HAVE_KERNEL:
         elif kind == 3:
             _tile3(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
                    has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
-        else:
+        elif kind == 4:
             _tile4(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        elif kind == 5:
+            _tile5(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
+                   has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
+        else:
+            _tile6(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols, bias, b_off, z,
                    has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride)
 
     @njit(nogil=True, cache=True)
@@ -476,19 +489,24 @@ def act_params(act: str, params=()) -> tuple[float, float, float] | None:
     return None
 
 
-def block_of(ow: int) -> tuple[int, int]:
-    """The ``(MR, NV)`` register block for rows of ``ow`` output columns."""
-    return BLOCKS[block_for(ow)][:2]
+def block_of(ow: int, mg: int | None = None) -> tuple[int, int]:
+    """The ``(MR, NV)`` register block for rows of ``ow`` output columns and
+    ``mg`` output channels per group (None: many)."""
+    return BLOCKS[block_for(ow, mg)][:2]
 
 
-def block_for(ow: int) -> int:
+def block_for(ow: int, mg: int | None = None) -> int:
     """The register block (index into :data:`BLOCKS`) for rows of ``ow``
-    output columns: wide; narrow for rows of at most VW; with the 16-lane
-    tiles, several rows in one tile for rows of at most VW / 2 columns."""
+    output columns and ``mg`` output channels per group (None: many): wide;
+    narrow for rows of at most VW; with the 16-lane tiles the channel-vector
+    tiles for rows of at most 8 (:data:`CT_TILES`), else several rows in one
+    tile for rows of at most VW / 2 columns."""
     if ow > VW:
         return 0
-    if VW == 16 and CHANNEL_TILES and ow <= CT_PIXELS:
-        return 4
+    if VW == 16 and CHANNEL_TILES and ow <= CT_TILES[-1][0]:
+        if ow <= CT_TILES[0][0] and (mg is None or mg >= 48):
+            return 4
+        return 5 if ow <= CT_TILES[1][0] else 6
     if VW == 16 and MULTI_ROW and 2 * ow <= VW:
         return 3 if 4 * ow <= VW else 2
     return 1
@@ -526,9 +544,9 @@ def takes_pointwise(x_shape=None) -> bool:
 def pack_weights(wpack: np.ndarray, ow: int, mr: int | None = None) -> np.ndarray:
     """``(G, Mg, R)`` GEMM-layout weights -> ``(G, ceil(Mg/MR), R, MR)`` float32
     (zero rows past ``Mg``), ``MR`` given (a plan's ``mr``) or from
-    :func:`block_of` ``(ow)``."""
+    :func:`block_of` ``(ow, Mg)``."""
     g, mg, r = wpack.shape
-    mr = mr or block_of(ow)[0]
+    mr = mr or block_of(ow, mg)[0]
     mb = -(-mg // mr)
     wp = np.zeros((g, mb * mr, r), np.float32)
     wp[:, :mg] = wpack
@@ -603,7 +621,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
         ow = _flat_rows(h * w, _KIND_COLS[block_for(h * w)])
         oh = h * w // ow
         h, w = oh, ow
-    kind = block_for(ow)
+    kind = block_for(ow, mg)
     mr, nv, rpt = BLOCKS[kind]
     mb = -(-mg // mr)
     # channel parts per row group: at least MIN_ITEMS items to share out

@@ -108,6 +108,14 @@ MULTI_ROW = True
 #: a plan's work items (row groups x channel parts) are at least this many
 #: where the channel blocks allow, so two threads share them evenly
 MIN_ITEMS = 8
+#: a work item takes all the output rows of its image (each weight block read
+#: once for all of them, not once per row group) where the weights pass
+#: :data:`ROWS_PASS_MIN_WEIGHT_BYTES` (they would come from L3 / memory for
+#: every row) and one reduction block's input planes stay within
+#: :data:`ROWS_PASS_MAX_WINDOW_BYTES` (in L2 across the rows)
+ROWS_PER_WEIGHT_PASS = True
+ROWS_PASS_MIN_WEIGHT_BYTES = 1 << 20
+ROWS_PASS_MAX_WINDOW_BYTES = 256 << 10
 
 try:
     import numba  # noqa: F401
@@ -428,46 +436,52 @@ if HAVE_KERNEL:
 
     @njit(nogil=True, cache=True)
     def _rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img, x_grp,
-              oh, ow, wj, kc, obg, kind, mparts, start, stop):  # pragma: no cover - compiled
-        """Work items ``[start, stop)``, each (image, group, row group, channel
-        part): per item, reduction blocks of kc, groups of obg channel blocks
-        of the part (their weights stay in L2), column tiles, channel blocks (a
-        tile's input window stays in L1 while every block reads it). ``kind``:
-        the register block (:data:`BLOCKS`); a row group is one output row, or
-        for the multi-row blocks ``rpt`` rows of at most ``VW / rpt`` columns in
-        one tile. (One module-level function: numba's cache keys closures by
-        their cells, which an intrinsic does not pickle stably, so a closure
-        recompiled per process.)"""
+              oh, ow, wj, kc, obg, kind, mparts, rgroups, start, stop):  # pragma: no cover
+        """Work items ``[start, stop)``, each (image, group, ``rgroups`` row
+        groups, channel part): per item, reduction blocks of kc, groups of obg
+        channel blocks of the part (their weights stay in L2), the item's row
+        groups, column tiles, channel blocks (a tile's input window stays in
+        L1 while every block reads it). ``kind``: the register block
+        (:data:`BLOCKS`); a row group is one output row, or for the multi-row
+        blocks ``rpt`` rows of at most ``VW / rpt`` columns in one tile.
+        Several row groups per item (:data:`ROWS_PER_WEIGHT_PASS`) read each
+        weight block once for all of them. (One module-level function:
+        numba's cache keys closures by their cells, which an intrinsic does
+        not pickle stably, so a closure recompiled per process.)"""
         mr = _KIND_MR[kind]
         cols = _KIND_COLS[kind]
         rpt = _KIND_RPT[kind]
         ngroups = (oh + rpt - 1) // rpt
+        nblocks = (ngroups + rgroups - 1) // rgroups
         mbp = (mb + mparts - 1) // mparts
         m = g * mg
         plane = oh * ow
         for t in range(start, stop):
             part = t % mparts
             t2 = t // mparts
-            oy = (t2 % ngroups) * rpt
-            rest = t2 // ngroups
+            gr0 = (t2 % nblocks) * rgroups
+            gr1 = min(ngroups, gr0 + rgroups)
+            rest = t2 // nblocks
             gi = rest % g
             n = rest // g
             b0 = part * mbp
             b1 = min(mb, b0 + mbp)
-            x_row = n * x_img + gi * x_grp + oy * wj
             for r0 in range(0, nr, kc):
                 kn = min(kc, nr - r0)
                 flags = (1 if r0 > 0 else 0) | (2 if r0 + kn >= nr else 0)
                 for og in range(b0, b1, obg):
-                    for ox0 in range(0, ow, cols):
-                        ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
-                        for ob in range(og, min(b1, og + obg)):
-                            mvalid = min(mr, mg - ob * mr)
-                            w_off = ((gi * mb + ob) * nr + r0) * mr
-                            y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
-                            _tile(kind, xs, x_row + ox0, offs, kn, wp, w_off, y, y_at, plane,
-                                  ncols, bias, (gi * mb + ob) * mr, z, has_z, lo, hi, alpha,
-                                  mvalid, r0, flags, ow, wj)
+                    for gr in range(gr0, gr1):
+                        oy = gr * rpt
+                        x_row = n * x_img + gi * x_grp + oy * wj
+                        for ox0 in range(0, ow, cols):
+                            ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
+                            for ob in range(og, min(b1, og + obg)):
+                                mvalid = min(mr, mg - ob * mr)
+                                w_off = ((gi * mb + ob) * nr + r0) * mr
+                                y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
+                                _tile(kind, xs, x_row + ox0, offs, kn, wp, w_off, y, y_at,
+                                      plane, ncols, bias, (gi * mb + ob) * mr, z, has_z, lo, hi,
+                                      alpha, mvalid, r0, flags, ow, wj)
 
     #: public name of :func:`_rows` (the compiled split of :mod:`._conv_split`)
     rows_range = _rows
@@ -624,13 +638,19 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
     kind = block_for(ow, mg)
     mr, nv, rpt = BLOCKS[kind]
     mb = -(-mg // mr)
-    # channel parts per row group: at least MIN_ITEMS items to share out
-    row_items = n * g * -(-oh // rpt)
-    mparts = max(1, min(mb, -(-MIN_ITEMS // row_items)))
     # padded extent that the taps reach, rounded up to whole phases
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pb[0] + h)
     wpd = max((ow - 1) * sw + (kw - 1) * dw + 1, pb[1] + w)
     hi_, wj = -(-hp // sh), -(-wpd // sw)
+    # every row group of an image in one item (one pass over the weights)
+    # where the weights outgrow L2 and one reduction block's input planes fit it
+    ngroups = -(-oh // rpt)
+    window = 4 * -(-min(r, REDUCTION_BLOCK) // (kh * kw)) * sh * sw * hi_ * wj
+    rgroups = ngroups if ROWS_PER_WEIGHT_PASS and 4 * g * mg * r > ROWS_PASS_MIN_WEIGHT_BYTES \
+        and window <= ROWS_PASS_MAX_WINDOW_BYTES else 1
+    # channel parts per row block: at least MIN_ITEMS items to share out
+    row_items = n * g * -(-ngroups // rgroups)
+    mparts = max(1, min(mb, -(-MIN_ITEMS // row_items)))
     x_grp = cg * sh * sw * hi_ * wj
     x_img = group * x_grp
     offs = _offsets(cg, kernel, strides, dilations, hi_, wj)
@@ -662,7 +682,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                 rows=_rows,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
                       max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK))),
-                      kind, mparts),
+                      kind, mparts, rgroups),
                 items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 flops=2 * n * group * mg * r * oh * ow,

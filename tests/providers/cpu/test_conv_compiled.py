@@ -166,6 +166,63 @@ def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, copy, mon
     assert len(direct) == (2 if takes or not pointwise else 0), spans
 
 
+#: rows of at most 8 columns: the channel-vector tiles (kinds 4-6) by width
+#: and channel count (4x4 from 48 channels; channel counts off the 32 / 64
+#: blocks), strided and dilated, groups
+CHANNEL_TILE_CASES = [
+    (1, 16, 4, 4, 64, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),     # 4x4 tile
+    (2, 8, 3, 3, 50, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),      # 4x4 tile, 50 channels
+    (1, 8, 4, 2, 24, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),      # 2 columns, 24 channels
+    (1, 12, 7, 7, 40, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),     # 7x2 tile
+    (1, 10, 6, 5, 33, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None),     # 5 columns
+    (2, 8, 8, 8, 70, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2, None),      # 8x2 tile, groups
+    (1, 9, 15, 15, 36, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, None),    # stride 2 -> 8 columns
+    (1, 8, 9, 9, 20, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, None),      # dilated, 9 -> 9
+    (1, 32, 7, 7, 96, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1, None),     # 1x1 strided -> 4x4
+]
+
+
+@pytest.mark.parametrize("rows_pass", [False, True])
+@pytest.mark.parametrize("drivers", ["chunks", "serial"])
+@pytest.mark.parametrize("case", CHANNEL_TILE_CASES)
+def test_channel_tiles_and_weight_passes_match_onnxruntime(case, drivers, rows_pass, monkeypatch):
+    """The channel-vector tiles (kinds 4-6: vectors over output channels,
+    scattered stores) on rows of 2-9 columns, with the reduction in blocks
+    of 7 (sums gathered back and added to) or whole; work items of one row
+    group or all of an image's rows (one pass over the weights), split over
+    two threads or serial: onnxruntime's values."""
+    if not _conv_direct.HAVE_KERNEL or _conv_direct.VW != 16:
+        pytest.skip("no AVX-512 16-lane tiles: no channel-vector tiles")
+    monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
+    monkeypatch.setattr(_conv_direct, "ROWS_PASS_MIN_WEIGHT_BYTES", 0 if rows_pass else 1 << 62)
+    if drivers == "chunks":
+        monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
+        monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
+    model, x = _model(case)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
+    with actorrt.InferenceSession(model, opts) as s:
+        got = s.run(None, {"x": x})
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    assert [a.get("kernel_variant.conv", {}).get("variant") for a in spans] == ["direct"]
+    ow, mg = want[0].shape[3], case[4] // case[9]
+    assert _conv_direct.block_for(ow, mg) >= 4 or ow > 8
+
+
+def test_channel_tile_kinds_by_width_and_channels():
+    """Rows of 1-4 columns with 48+ channels take the 4-pixel x 64-channel
+    tile, up to 7 columns the 7 x 32, 8 columns the 8 x 32, wider the row
+    tiles; off (CHANNEL_TILES False), the row tiles."""
+    if _conv_direct.VW != 16:
+        pytest.skip("no AVX-512 16-lane tiles")
+    assert [_conv_direct.block_for(ow, 64) for ow in (1, 4, 5, 7, 8, 9, 16, 17)] == \
+        [4, 4, 5, 5, 6, 1, 1, 0]
+    assert _conv_direct.block_for(4, 32) == 5 and _conv_direct.BLOCKS[4][0] == 64
+    assert _conv_direct.block_of(7, 100) == (32, 1)
+
+
 def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):
     """A 1x1 conv on an input past POINTWISE_MAX_INPUT_BYTES declines the
     direct kernel (the GEMM on the input's view), the same values."""

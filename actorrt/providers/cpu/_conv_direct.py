@@ -103,6 +103,12 @@ WIDE_MAX_WEIGHT_BYTES = 16 << 20
 POINTWISE_MAX_INPUT_BYTES = 1 << 62
 #: widest row a flattened 1x1 conv is cut into (:func:`_flat_rows`)
 FLAT_ROW_MAX = 512
+#: flattened 1x1 convs of at most this many pixels, divisible by 8 or 7, run
+#: as rows of 8 / 7 pixels on the channel-vector tiles (1 thread, against the
+#: 32-column row tiles: 2048 -> 512 on 7x7 603 -> 504 us, onnxruntime 429;
+#: 512 -> 2048 600 -> 514 (415); 1024 -> 352 216 -> 180 (150); on 14x14 and
+#: larger planes slower: 1024 -> 256 542 -> 597, 64 -> 256 on 56x56 2x)
+POINTWISE_CT_MAX_PIXELS = 64
 #: several short output rows in one 16-lane tile (:data:`BLOCKS` 2, 3)
 MULTI_ROW = True
 #: a plan's work items (row groups x channel parts) are at least this many
@@ -633,6 +639,9 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
         and tuple(pb) == (0, 0) and (oh, ow) == (h, w)
     if inplace:  # the same GEMM on rows of another width: fewer wasted lanes
         ow = _flat_rows(h * w, _KIND_COLS[block_for(h * w)])
+        if VW == 16 and CHANNEL_TILES and h * w <= POINTWISE_CT_MAX_PIXELS:
+            # rows of 8 / 7 pixels for the channel-vector tiles (no lanes wasted)
+            ow = next((d for d in (CT_TILES[2][0], CT_TILES[1][0]) if (h * w) % d == 0), ow)
         oh = h * w // ow
         h, w = oh, ow
     kind = block_for(ow, mg)

@@ -179,6 +179,8 @@ CHANNEL_TILE_CASES = [
     (1, 9, 15, 15, 36, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1, None),    # stride 2 -> 8 columns
     (1, 8, 9, 9, 20, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1, None),      # dilated, 9 -> 9
     (1, 32, 7, 7, 96, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1, None),     # 1x1 strided -> 4x4
+    (1, 40, 7, 7, 70, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),     # 1x1 in place: rows of 7
+    (2, 24, 8, 6, 36, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),     # 1x1 in place: rows of 8
 ]
 
 
@@ -208,7 +210,7 @@ def test_channel_tiles_and_weight_passes_match_onnxruntime(case, drivers, rows_p
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert [a.get("kernel_variant.conv", {}).get("variant") for a in spans] == ["direct"]
     ow, mg = want[0].shape[3], case[4] // case[9]
-    assert _conv_direct.block_for(ow, mg) >= 4 or ow > 8
+    assert _conv_direct.block_for(ow, mg) >= 4 or ow > 8 or case[5] == (1, 1)
 
 
 def test_channel_tile_kinds_by_width_and_channels():
@@ -221,6 +223,13 @@ def test_channel_tile_kinds_by_width_and_channels():
         [4, 4, 5, 5, 6, 1, 1, 0]
     assert _conv_direct.block_for(4, 32) == 5 and _conv_direct.BLOCKS[4][0] == 64
     assert _conv_direct.block_of(7, 100) == (32, 1)
+    # 1x1 convs read in place: rows of 8 / 7 pixels up to POINTWISE_CT_MAX_PIXELS
+    kinds = {}
+    for h, w in ((7, 7), (8, 6), (5, 5), (14, 14)):
+        plan = _conv_direct.make_plan((1, 40, h, w), (1, 70, 40), 1, (1, 1), (1, 1), (1, 1),
+                                      (0, 0), (h, w), flatten=True)
+        kinds[h, w] = (plan.ints[7], plan.ints[11])  # (row width, kind)
+    assert kinds == {(7, 7): (7, 5), (8, 6): (8, 6), (5, 5): (25, 0), (14, 14): (196, 0)}
 
 
 def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):

@@ -175,6 +175,13 @@ _KIND_RPT = tuple(b[2] for b in BLOCKS)
 #: rows of at most 8 output columns take the channel-vector tiles (kinds
 #: 4-6) with the 16-lane tiles
 CHANNEL_TILES = True
+#: ... where the reduction ``C/G * KH * KW`` is at least this long: their
+#: scattered store costs more per tile than the row tiles' masked one, which
+#: short reductions do not repay (1 thread: resnetish's 1x1 16 -> 32 at r = 16
+#: 8.0 -> 12.9 us, 3x3 16 -> 32 at r = 144 20.8 -> 23.5, 32 -> 32 at r = 288
+#: 29.5 -> 30.3; 64 -> 64 at r = 576 34 -> 28-30; resnetish 1-3 % slower
+#: with them at every r)
+CT_MIN_REDUCTION = 512
 
 if HAVE_KERNEL:
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -509,21 +516,23 @@ def act_params(act: str, params=()) -> tuple[float, float, float] | None:
     return None
 
 
-def block_of(ow: int, mg: int | None = None) -> tuple[int, int]:
-    """The ``(MR, NV)`` register block for rows of ``ow`` output columns and
-    ``mg`` output channels per group (None: many)."""
-    return BLOCKS[block_for(ow, mg)][:2]
+def block_of(ow: int, mg: int | None = None, r: int | None = None) -> tuple[int, int]:
+    """The ``(MR, NV)`` register block for rows of ``ow`` output columns,
+    ``mg`` output channels per group and a reduction of ``r`` (None: many)."""
+    return BLOCKS[block_for(ow, mg, r)][:2]
 
 
-def block_for(ow: int, mg: int | None = None) -> int:
+def block_for(ow: int, mg: int | None = None, r: int | None = None) -> int:
     """The register block (index into :data:`BLOCKS`) for rows of ``ow``
-    output columns and ``mg`` output channels per group (None: many): wide;
-    narrow for rows of at most VW; with the 16-lane tiles the channel-vector
-    tiles for rows of at most 8 (:data:`CT_TILES`), else several rows in one
-    tile for rows of at most VW / 2 columns."""
+    output columns, ``mg`` output channels per group and a reduction of
+    ``r`` (None: many): wide; narrow for rows of at most VW; with the
+    16-lane tiles the channel-vector tiles for rows of at most 8
+    (:data:`CT_TILES`) and reductions of :data:`CT_MIN_REDUCTION` or more,
+    else several rows in one tile for rows of at most VW / 2 columns."""
     if ow > VW:
         return 0
-    if VW == 16 and CHANNEL_TILES and ow <= CT_TILES[-1][0]:
+    if VW == 16 and CHANNEL_TILES and ow <= CT_TILES[-1][0] and \
+            (r is None or r >= CT_MIN_REDUCTION):
         if ow <= CT_TILES[0][0] and (mg is None or mg >= 48):
             return 4
         return 5 if ow <= CT_TILES[1][0] else 6
@@ -564,9 +573,9 @@ def takes_pointwise(x_shape=None) -> bool:
 def pack_weights(wpack: np.ndarray, ow: int, mr: int | None = None) -> np.ndarray:
     """``(G, Mg, R)`` GEMM-layout weights -> ``(G, ceil(Mg/MR), R, MR)`` float32
     (zero rows past ``Mg``), ``MR`` given (a plan's ``mr``) or from
-    :func:`block_of` ``(ow, Mg)``."""
+    :func:`block_of` ``(ow, Mg, R)``."""
     g, mg, r = wpack.shape
-    mr = mr or block_of(ow, mg)[0]
+    mr = mr or block_of(ow, mg, r)[0]
     mb = -(-mg // mr)
     wp = np.zeros((g, mb * mr, r), np.float32)
     wp[:, :mg] = wpack
@@ -639,12 +648,13 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
         and tuple(pb) == (0, 0) and (oh, ow) == (h, w)
     if inplace:  # the same GEMM on rows of another width: fewer wasted lanes
         ow = _flat_rows(h * w, _KIND_COLS[block_for(h * w)])
-        if VW == 16 and CHANNEL_TILES and h * w <= POINTWISE_CT_MAX_PIXELS:
+        if VW == 16 and CHANNEL_TILES and h * w <= POINTWISE_CT_MAX_PIXELS and \
+                r >= CT_MIN_REDUCTION:
             # rows of 8 / 7 pixels for the channel-vector tiles (no lanes wasted)
             ow = next((d for d in (CT_TILES[2][0], CT_TILES[1][0]) if (h * w) % d == 0), ow)
         oh = h * w // ow
         h, w = oh, ow
-    kind = block_for(ow, mg)
+    kind = block_for(ow, mg, r)
     mr, nv, rpt = BLOCKS[kind]
     mb = -(-mg // mr)
     # padded extent that the taps reach, rounded up to whole phases

@@ -198,6 +198,7 @@ def test_channel_tiles_and_weight_passes_match_onnxruntime(case, drivers, rows_p
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if drivers == "chunks" else 1 << 62)
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_direct, "ROWS_PASS_MIN_WEIGHT_BYTES", 0 if rows_pass else 1 << 62)
+    monkeypatch.setattr(_conv_direct, "CT_MIN_REDUCTION", 1)  # these short reductions too
     if drivers == "chunks":
         monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
         monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
@@ -223,13 +224,20 @@ def test_channel_tile_kinds_by_width_and_channels():
         [4, 4, 5, 5, 6, 1, 1, 0]
     assert _conv_direct.block_for(4, 32) == 5 and _conv_direct.BLOCKS[4][0] == 64
     assert _conv_direct.block_of(7, 100) == (32, 1)
+    # short reductions keep the row tiles (multi-row for rows of at most 8)
+    r = _conv_direct.CT_MIN_REDUCTION
+    assert _conv_direct.block_for(7, 64, r) == 5 and _conv_direct.block_for(7, 64, r - 1) == 2
+    assert _conv_direct.block_for(4, 64, r - 1) == 3
     # 1x1 convs read in place: rows of 8 / 7 pixels up to POINTWISE_CT_MAX_PIXELS
     kinds = {}
     for h, w in ((7, 7), (8, 6), (5, 5), (14, 14)):
-        plan = _conv_direct.make_plan((1, 40, h, w), (1, 70, 40), 1, (1, 1), (1, 1), (1, 1),
+        plan = _conv_direct.make_plan((1, 600, h, w), (1, 70, 600), 1, (1, 1), (1, 1), (1, 1),
                                       (0, 0), (h, w), flatten=True)
         kinds[h, w] = (plan.ints[7], plan.ints[11])  # (row width, kind)
     assert kinds == {(7, 7): (7, 5), (8, 6): (8, 6), (5, 5): (25, 0), (14, 14): (196, 0)}
+    short = _conv_direct.make_plan((1, 40, 7, 7), (1, 70, 40), 1, (1, 1), (1, 1), (1, 1),
+                                   (0, 0), (7, 7), flatten=True)
+    assert short.ints[11] < 4  # reduction 40: the row tiles
 
 
 def test_pointwise_past_input_limit_takes_the_gemm(monkeypatch):

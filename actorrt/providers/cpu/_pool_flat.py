@@ -1,21 +1,25 @@
-"""Stride-1 2-D MaxPool / AveragePool as tap reductions over the flattened,
-padded planes (compiled with numba; float32 and float64).
+"""2-D MaxPool / AveragePool as tap reductions over the flattened, padded
+planes (compiled with numba; float32 and float64; strides up to 2).
 
 The planes are copied once into a buffer ``(N*C, Hp, Wp)`` whose border holds
 the pad value (``-inf`` for MaxPool, 0 for AveragePool); an unpadded pool reads
 the input itself (``Wp = W``). In that flat buffer the window of output
-``(oy, ox)`` of plane ``c`` starts at ``c*Hp*Wp + oy*Wp + ox`` and tap
+``(oy, ox)`` of plane ``c`` starts at ``c*Hp*Wp + oy*sh*Wp + ox*sw`` and tap
 ``(i, j)`` is at the fixed offset ``i*dh*Wp + j*dw``, so one loop over one long
 contiguous range of start positions -- every row of every plane at once --
-reduces each tap with full-width vectors, whatever the plane size (the
-positions in the border columns are computed and dropped). A last pass picks
-the output rows and, for AveragePool, divides by the caller's window counts.
+reduces each tap with full-width vectors, whatever the plane size. Every
+position is reduced (the border columns, and with strides the rows and
+columns between outputs, are computed and dropped); a last pass picks every
+``sh``-th row and ``sw``-th column and, for AveragePool, divides by the
+caller's window counts. Planes go in cache-sized groups, over the intra-op
+threads in plane ranges.
 
-It replaced the per-plane kernels for stride-1 pools, whose per-row and
-per-plane costs dominated small planes (7x7 to 28x28; round 12 of
-``docs/speed.md``). Strided pools keep :mod:`._pool_direct` and the depthwise
-kernel: in this layout they compute ``sh`` times the rows they need, and per
-output row the loops are too short for numba's vectorized loops.
+It replaced the per-plane kernels for stride-1 pools and strided
+AveragePool, whose per-row and per-plane costs dominated small planes (round
+12 of ``docs/speed.md``: 3x3 / 1 on 14x14 x 576 235 -> 77 us, 2x2 / 2 on
+56x56 x 128 227 -> 81 us; onnxruntime 38 and 61). Strided MaxPool keeps
+:mod:`._pool_direct` (its phase-split tiles compute only the kept outputs:
+3x3 / 2 on 56x56 x 192 160 us there, 274 here).
 
 Values: AveragePool sums the taps in row-major tap order, then divides by
 ``count_h[oy] * count_w[ox]`` (as the depthwise path); MaxPool is IEEE
@@ -24,7 +28,6 @@ number, as ``np.fmax``; an all-NaN window gives NaN; a window wholly in the
 padding ``-inf``) -- the numpy tap path's values.
 
 Shapes: ``x (N, C, H, W)`` float32/float64 -> ``(N, C, OH, OW)`` of its dtype.
-Planes split over the intra-op threads (:func:`._parallel.run_chunks`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ __all__ = ["ENABLED", "HAVE_NUMBA", "PARALLEL_MIN_WORK", "Plan", "applies", "mak
 
 #: use this kernel for 2-D float pooling where it applies
 ENABLED = True
+#: strides up to this (both axes): every position is reduced, the pick takes
+#: every ``sh``-th row and ``sw``-th column, so a stride of 2 computes 4x the
+#: outputs it keeps (still faster than the per-plane kernels: round 12)
+MAX_STRIDE = 2
 #: split over the intra-op threads from this many computed positions x taps
 PARALLEL_MIN_WORK = 1 << 18
 #: positions per block of the tap loop (the block's sums stay in L1)
@@ -144,12 +151,12 @@ if HAVE_NUMBA:
     # loop per case (a call or a branch per row in the loop body kept numba's
     # vectorizer off: 13x slower)
     @njit(nogil=True, boundscheck=False, error_model="numpy")
-    def _pick_max(yw, y, plane, wp, oh, ow, lanes, c0, c1):  # pragma: no cover
+    def _pick_max(yw, y, plane, wp, oh, ow, sh, lanes, c0, c1):  # pragma: no cover - compiled
         wide = -(-ow // lanes) * lanes
         for c in range(c0, c1):
             end = (c + 1) * oh * ow
             for oy in range(oh):
-                s = c * plane + oy * wp
+                s = c * plane + oy * sh * wp
                 d = (c * oh + oy) * ow
                 n = wide if d + wide <= end else ow
                 src = yw[s:s + n]
@@ -158,12 +165,26 @@ if HAVE_NUMBA:
                     dst[q] = src[q]
 
     @njit(nogil=True, boundscheck=False, error_model="numpy")
-    def _pick_avg(yw, y, cnt, plane, wp, oh, ow, lanes, c0, c1):  # pragma: no cover
+    def _pick_max2(yw, y, plane, wp, oh, ow, sh, lanes, c0, c1):  # pragma: no cover - compiled
         wide = -(-ow // lanes) * lanes
         for c in range(c0, c1):
             end = (c + 1) * oh * ow
             for oy in range(oh):
-                s = c * plane + oy * wp
+                s = c * plane + oy * sh * wp
+                d = (c * oh + oy) * ow
+                n = wide if d + wide <= end else ow
+                src = yw[s:s + 2 * n]
+                dst = y[d:d + n]
+                for q in range(n):
+                    dst[q] = src[2 * q]
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _pick_avg(yw, y, cnt, plane, wp, oh, ow, sh, lanes, c0, c1):  # pragma: no cover - compiled
+        wide = -(-ow // lanes) * lanes
+        for c in range(c0, c1):
+            end = (c + 1) * oh * ow
+            for oy in range(oh):
+                s = c * plane + oy * sh * wp
                 d = (c * oh + oy) * ow
                 n = wide if d + wide <= end else ow
                 src = yw[s:s + n]
@@ -173,15 +194,30 @@ if HAVE_NUMBA:
                     dst[q] = src[q] / cq[q]
 
     @njit(nogil=True, boundscheck=False, error_model="numpy")
-    def _planes(x, y, offs, cnt, h, w, hp, wp, pt, pl, oh, ow, is_max, pad, padded, group,
-                block, lanes, c0, c1):  # pragma: no cover - compiled
+    def _pick_avg2(yw, y, cnt, plane, wp, oh, ow, sh, lanes, c0, c1):  # pragma: no cover - compiled
+        wide = -(-ow // lanes) * lanes
+        for c in range(c0, c1):
+            end = (c + 1) * oh * ow
+            for oy in range(oh):
+                s = c * plane + oy * sh * wp
+                d = (c * oh + oy) * ow
+                n = wide if d + wide <= end else ow
+                src = yw[s:s + 2 * n]
+                dst = y[d:d + n]
+                cq = cnt[oy * ow:oy * ow + n]
+                for q in range(n):
+                    dst[q] = src[2 * q] / cq[q]
+
+    @njit(nogil=True, boundscheck=False, error_model="numpy")
+    def _planes(x, y, offs, cnt, h, w, hp, wp, pt, pl, oh, ow, sh, sw, is_max, pad, padded,
+                group, block, lanes, c0, c1):  # pragma: no cover - compiled
         """Planes ``[c0, c1)`` of ``x`` into ``y``, ``group`` planes at a
         time: their padded copy (unless unpadded: read in place), the taps
         and the pick, in buffers of one group (they stay in cache)."""
         plane = hp * wp
         xp = np.empty(group * plane + lanes, x.dtype)
         xp[:] = pad
-        yw = np.empty(group * plane + lanes, x.dtype)  # lanes: the picks' over-read
+        yw = np.empty(group * plane + 2 * lanes, x.dtype)  # the picks' over-read
         for g0 in range(c0, c1, group):
             ng = min(c1, g0 + group) - g0
             xg = x[g0 * h * w:(g0 + ng) * h * w]
@@ -199,31 +235,36 @@ if HAVE_NUMBA:
                 else:
                     _sum_block(src, offs, yw[b:b + m], b, m)
             if is_max:
-                _pick_max(yw, yg, plane, wp, oh, ow, lanes, 0, ng)
+                if sw == 1:
+                    _pick_max(yw, yg, plane, wp, oh, ow, sh, lanes, 0, ng)
+                else:
+                    _pick_max2(yw, yg, plane, wp, oh, ow, sh, lanes, 0, ng)
+            elif sw == 1:
+                _pick_avg(yw, yg, cnt, plane, wp, oh, ow, sh, lanes, 0, ng)
             else:
-                _pick_avg(yw, yg, cnt, plane, wp, oh, ow, lanes, 0, ng)
+                _pick_avg2(yw, yg, cnt, plane, wp, oh, ow, sh, lanes, 0, ng)
 
 
 class Plan:
-    """The flat geometry of one stride-1 pooling (input shape, window, mode)."""
+    """The flat geometry of one pooling (input shape, window, strides, mode)."""
 
     def __init__(self, x_shape, dtype, kernel, strides, dilations, pads_begin, out_shape,
                  is_max: bool, count_h=None, count_w=None):
-        """Raises ValueError: strides other than (1, 1)."""
+        """Raises ValueError: a stride past :data:`MAX_STRIDE` (or below 1)."""
         n, c, h, w = x_shape
-        (kh, kw), (dh, dw) = kernel, dilations
-        if tuple(strides) != (1, 1):
-            raise ValueError(f"_pool_flat takes stride-1 pools, got strides {strides}")
+        (kh, kw), (dh, dw), (sh, sw) = kernel, dilations, strides
+        if not (1 <= sh <= MAX_STRIDE and 1 <= sw <= MAX_STRIDE):
+            raise ValueError(f"_pool_flat takes strides 1-{MAX_STRIDE}, got strides {strides}")
         (pt, pl), (oh, ow) = pads_begin, out_shape
         self.dtype = np.dtype(dtype)
         self.is_max = bool(is_max)
         self.pad = -np.inf if is_max else 0.0
         self.planes = n * c
         self.h, self.w, self.pt, self.pl = h, w, pt, pl
-        self.oh, self.ow = oh, ow
+        self.oh, self.ow, self.sh, self.sw = oh, ow, sh, sw
         # the buffer covers the image, the leading pads and every tap of every output
-        self.hp = max(pt + h, oh + (kh - 1) * dh)
-        self.wp = max(pl + w, ow + (kw - 1) * dw)
+        self.hp = max(pt + h, (oh - 1) * sh + (kh - 1) * dh + 1)
+        self.wp = max(pl + w, (ow - 1) * sw + (kw - 1) * dw + 1)
         self.padded = (pt, pl, self.hp, self.wp) != (0, 0, h, w)
         self.offs = np.array([i * dh * self.wp + j * dw for i in range(kh) for j in range(kw)],
                              np.int64)
@@ -239,9 +280,10 @@ class Plan:
 
 def applies(x: np.ndarray, strides) -> bool:
     """Whether :func:`pool2d` takes a pooling of ``x`` with ``strides``
-    (stride 1, 4-D float32/float64, numba installed, :data:`ENABLED`)."""
-    return ENABLED and HAVE_NUMBA and tuple(strides) == (1, 1) and x.ndim == 4 \
-        and x.dtype in (np.float32, np.float64) and x.size > 0
+    (strides up to :data:`MAX_STRIDE`, 4-D float32/float64, numba installed,
+    :data:`ENABLED`)."""
+    return ENABLED and HAVE_NUMBA and all(1 <= s <= MAX_STRIDE for s in strides) \
+        and x.ndim == 4 and x.dtype in (np.float32, np.float64) and x.size > 0
 
 
 def make_plan(x: np.ndarray, kernel, strides, dilations, pads_begin, out_shape, is_max: bool,
@@ -260,7 +302,8 @@ def pool2d(plan: Plan, x: np.ndarray) -> np.ndarray:
     y = np.empty(plan.y_shape, plan.dtype)
     yf = y.reshape(-1)
     args = (xf, yf, plan.offs, plan.cnt, plan.h, plan.w, plan.hp, plan.wp, plan.pt, plan.pl,
-            plan.oh, plan.ow, plan.is_max, plan.pad, plan.padded, plan.group, BLOCK, LANES)
+            plan.oh, plan.ow, plan.sh, plan.sw, plan.is_max, plan.pad, plan.padded, plan.group,
+            BLOCK, LANES)
     threads = 1
     if plan.planes > 1 and plan.work >= PARALLEL_MIN_WORK:
         from ._threads import current

@@ -173,11 +173,14 @@ FLAT_PLANS_MAX = 16
 
 
 def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
-    """Stride-1 2-D pooling of 4-D float ``x`` on :mod:`._pool_flat`, or None
-    where it does not apply (strided, other dtypes or ranks, numba missing).
+    """2-D pooling of 4-D float ``x`` on :mod:`._pool_flat` (MaxPool at stride
+    1, AveragePool at strides up to 2), or None where it does not apply (other
+    strides, dtypes or ranks, numba missing).
     ``counts``: AveragePool's ``(count_h, count_w)``; None for MaxPool."""
     if not COMPILED or x.ndim != 4:
         return None
+    if is_max and tuple(strides) != (1, 1):
+        return None  # strided MaxPool: the direct kernel (_pool_direct) was faster
     from . import _pool_flat
     if not _pool_flat.applies(x, strides):
         return None

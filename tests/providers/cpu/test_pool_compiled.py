@@ -268,6 +268,11 @@ FLAT_CASES = [  # stride-1 pools: (shape, attrs)
     ((3, 2, 4, 4), {"kernel_shape": [1, 1]}),
     ((1, 3, 6, 7), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
     ((1, 6, 5, 5), {"kernel_shape": [1, 2], "pads": [0, 1, 0, 0]}),  # planes meet at data rows
+    ((1, 4, 56, 56), {"kernel_shape": [2, 2], "strides": [2, 2]}),  # densenet's transition
+    ((2, 5, 14, 15), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+    ((1, 3, 13, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 9, 40), {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 1]}),  # w > 32
+    ((1, 2, 11, 10), {"kernel_shape": [2, 3], "strides": [2, 1], "dilations": [2, 3]}),
 ]
 
 
@@ -285,11 +290,15 @@ def _flat_planes_in_reverse(monkeypatch, threads: int):
                                                   ("AveragePool", 1)])
 @pytest.mark.parametrize("shape,attrs", FLAT_CASES)
 def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, threads, monkeypatch):
-    """Stride-1 MaxPool / AveragePool on the flat kernel (``_pool_flat``),
-    its planes whole or split over threads (ranges run last first), against
-    onnxruntime: MaxPool exactly, AveragePool within float32 rounding."""
+    """MaxPool (stride 1) / AveragePool (strides 1-2) on the flat kernel
+    (``_pool_flat``), its planes whole or split over threads (ranges run last
+    first), against onnxruntime: MaxPool exactly, AveragePool within float32
+    rounding. Strided MaxPool stays on the direct kernel."""
     if not _pool_flat.HAVE_NUMBA:
         pytest.skip("numba not installed")
+    strided = any(s > 1 for s in attrs.get("strides", [1, 1]))
+    if op == "MaxPool" and strided:
+        pytest.skip("strided MaxPool: the direct kernel's (not the flat one's)")
     _flat_planes_in_reverse(monkeypatch, threads)
     x = RNG.standard_normal(shape).astype(np.float32)
     extra = {} if count_include_pad is None else {"count_include_pad": count_include_pad}
@@ -320,10 +329,10 @@ def test_flat_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("case", [1, 4, 6, 7])
+@pytest.mark.parametrize("case", [1, 4, 6, 7, 13, 14, 16, 17])
 def test_flat_averagepool_float64(case, monkeypatch):
-    """float64 stride-1 AveragePool on the flat kernel against onnx's reference
-    evaluator, three runs (the padded buffer is reused: its border must stay 0)."""
+    """float64 AveragePool (strides 1-2) on the flat kernel against onnx's
+    reference evaluator, three runs."""
     if not _pool_flat.HAVE_NUMBA:
         pytest.skip("numba not installed")
     from onnx.reference import ReferenceEvaluator
@@ -344,19 +353,20 @@ def test_flat_averagepool_float64(case, monkeypatch):
     assert "flat" in variants
 
 
-def test_flat_pool_declines_strided_windows():
-    """Strided pools are not the flat kernel's (they keep the direct and
-    depthwise kernels); the plan refuses them."""
+def test_flat_pool_takes_strides_up_to_two():
+    """The flat kernel takes strides 1-2 and refuses larger ones (they keep
+    the direct and per-plane kernels); pool.py sends only stride-1 MaxPools."""
     x = np.zeros((1, 2, 8, 8), np.float32)
-    assert not _pool_flat.applies(x, (2, 2)) and not _pool_flat.applies(x, (1, 2))
-    assert _pool_flat.applies(x, (1, 1)) == _pool_flat.HAVE_NUMBA
+    assert _pool_flat.applies(x, (2, 2)) == _pool_flat.applies(x, (1, 2)) == _pool_flat.HAVE_NUMBA
+    assert not _pool_flat.applies(x, (3, 3)) and not _pool_flat.applies(x, (1, 3))
     assert not _pool_flat.applies(x.astype(np.float16), (1, 1))
-    with pytest.raises(ValueError, match="stride-1"):
-        _pool_flat.make_plan(x, (2, 2), (2, 2), (1, 1), (0, 0), (4, 4), True)
+    with pytest.raises(ValueError, match="strides 1-2"):
+        _pool_flat.make_plan(x, (3, 3), (3, 3), (1, 1), (0, 0), (2, 2), True)
+    assert pool._flat(x, (2, 2), (2, 2), (1, 1), (0, 0), (4, 4), True, None) is None
 
 
 @pytest.mark.parametrize("group", [1, 2, 3])
-@pytest.mark.parametrize("case", [4, 5, 12])
+@pytest.mark.parametrize("case", [4, 5, 12, 14])
 def test_flat_pool_plane_range_writes_only_its_planes(case, group, monkeypatch):
     """A plane range of the flat kernel (what one thread runs), in groups of
     1-3 planes, writes its planes' outputs and nothing else, though its rows
@@ -369,13 +379,15 @@ def test_flat_pool_plane_range_writes_only_its_planes(case, group, monkeypatch):
     pads = attrs.get("pads", [0, 0, 0, 0])
     kh, kw = attrs["kernel_shape"]
     out = want.shape[2:]
-    plan = _pool_flat.make_plan(x, (kh, kw), (1, 1), (1, 1), pads[:2], out, True)
+    plan = _pool_flat.make_plan(x, (kh, kw), attrs.get("strides", (1, 1)), (1, 1), pads[:2],
+                                out, True)
     planes, q = shape[0] * shape[1], out[0] * out[1]
     for c0 in range(planes):
         for c1 in range(c0 + 1, min(planes, c0 + 4) + 1):
             y = np.full(planes * q, 7.0, np.float32)
             _pool_flat._planes(x.reshape(-1), y, plan.offs, plan.cnt, plan.h, plan.w, plan.hp,
-                               plan.wp, plan.pt, plan.pl, plan.oh, plan.ow, True, -np.inf,
-                               plan.padded, group, _pool_flat.BLOCK, _pool_flat.LANES, c0, c1)
+                               plan.wp, plan.pt, plan.pl, plan.oh, plan.ow, plan.sh, plan.sw,
+                               True, -np.inf, plan.padded, group, _pool_flat.BLOCK,
+                               _pool_flat.LANES, c0, c1)
             assert (y[:c0 * q] == 7).all() and (y[c1 * q:] == 7).all()
             np.testing.assert_array_equal(y[c0 * q:c1 * q], want.reshape(-1)[c0 * q:c1 * q])

@@ -3,16 +3,18 @@ and RoiAlign (ONNX spec, every since-version up to opset 28).
 
 Layout ``(N, C, D1, ..., Dn)``. Windows are reduced with one vectorised
 operation per kernel tap; float16/bfloat16 sums accumulate in float32. 2-D
-float32/float64 MaxPool (without Indices), AveragePool and GlobalAveragePool
-run compiled and parallel over the planes (:mod:`._pool_numba`) when numba is
-installed and :data:`COMPILED` is set; the numpy paths stay the fallback.
-2-D float32 MaxPool (without Indices) runs as ``maxnum`` vector tiles
+float32/float64 stride-1 MaxPool (without Indices) and AveragePool at strides
+up to 2 run as tap reductions over the flattened, padded planes
+(:mod:`._pool_flat`); the others and GlobalAveragePool run compiled and
+parallel over the planes (:mod:`._pool_numba`) when numba is installed and
+:data:`COMPILED` is set; the numpy paths stay the fallback.
+Strided 2-D float32 MaxPool (without Indices) runs as ``maxnum`` vector tiles
 (:mod:`._pool_direct`, inputs up to :data:`._pool_direct.MAX_ELEMENTS`: no
 limit by default), bit-equal to the numpy tap path. 2-D float32/float64
-AveragePool with output planes of :data:`AVG_DEPTHWISE_MIN_PIXELS` or more
-runs as the compiled depthwise convolution with all-ones weights and a count
-division (:data:`AVG_DEPTHWISE`); one unpadded window over the whole plane as
-the plane mean.
+AveragePool that the flat kernel does not take, with output planes of
+:data:`AVG_DEPTHWISE_MIN_PIXELS` or more, runs as the compiled depthwise
+convolution with all-ones weights and a count division (:data:`AVG_DEPTHWISE`);
+one unpadded window over the whole plane as the plane mean.
 """
 
 from __future__ import annotations

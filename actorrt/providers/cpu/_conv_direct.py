@@ -18,7 +18,7 @@ Layout and method:
   // SH, ox + (kx*DW) // SW]``: for consecutive ``ox`` consecutive elements, for any
   stride and dilation. A table ``offs`` holds each reduction index ``r = (c, ky,
   kx)``'s element offset from the row start.
-* The micro-kernel (an LLVM IR intrinsic) computes ``MR`` output channels x
+* The micro-kernel (an LLVM IR intrinsic, :mod:`._conv_tiles`) computes ``MR`` output channels x
   ``VW * NV`` consecutive output columns of one output row (or of 2 / 4 short
   rows, :data:`BLOCKS`): ``MR * NV`` ``<VW x float>`` accumulators in
   registers; per ``r`` it loads ``NV`` input vectors
@@ -44,6 +44,8 @@ from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every ker
 import math
 
 import numpy as np
+
+from ._conv_tiles import HAVE_KERNEL, VW
 
 __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW",
            "pack_weights", "conv2d", "make_plan", "run", "phase_copy", "Plan", "act_params",
@@ -123,26 +125,6 @@ ROWS_PER_WEIGHT_PASS = True
 ROWS_PASS_MIN_WEIGHT_BYTES = 1 << 20
 ROWS_PASS_MAX_WINDOW_BYTES = 256 << 10
 
-try:
-    import numba  # noqa: F401
-    from llvmlite import ir
-    from numba import njit, types
-    from numba.extending import intrinsic
-    from numba.core import cgutils
-    import llvmlite.binding as _llvm
-    _features = _llvm.get_host_cpu_features()
-    # compiling for another CPU (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES): the AVX2
-    # intrinsics may not exist there, so the BLAS path runs
-    HAVE_KERNEL = bool(_features.get("avx2") and _features.get("fma")) and not (
-        numba.config.CPU_NAME or numba.config.CPU_FEATURES)
-except Exception:  # pragma: no cover - exercised only without numba / AVX2
-    HAVE_KERNEL = False
-
-#: float lanes of the tile's vectors: 16 (``<16 x float>``, zmm) where the
-#: host has AVX-512F, else 8 (ymm). The 16-lane tiles load the input with
-#: ``llvm.masked.load`` (lanes past the row's end are not read), so a 1x1
-#: stride-1 unpadded convolution reads ``x`` in place (no phase-split copy)
-VW = 16 if HAVE_KERNEL and _features.get("avx512f") else 8
 #: ``(MR, NV)`` register blocks: output channels x VW-float vectors of
 #: columns, and output rows per tile, indexed by a plan's ``kind``
 #: (:func:`block_for`): 0 wide rows, 1 narrow rows (at most VW columns), 2 / 3
@@ -184,240 +166,13 @@ CHANNEL_TILES = True
 CT_MIN_REDUCTION = 512
 
 if HAVE_KERNEL:
-    _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
-    _V = ir.VectorType
+    from numba import njit
 
-    def _as_i64(builder, v):
-        return v if v.type == _i64 else builder.sext(v, _i64)
+    from ._conv_tiles import channel_tile_codegen, tile_intrinsic
 
-    def _vptr(builder, base, index, n=8):
-        return builder.bitcast(builder.gep(base, [index]), _V(_f32, n).as_pointer())
-
-    def _splat(builder, value, n=8, ty=None):
-        ty = ty or value.type
-        vec = builder.insert_element(ir.Constant(_V(ty, n), None), value, _i32(0))
-        return builder.shuffle_vector(vec, ir.Constant(_V(ty, n), None),
-                                      ir.Constant(_V(_i32, n), [0] * n))
-
-    #: IR helpers shared with the other direct kernels (:mod:`._pool_direct`)
-    as_i64, vec_ptr, splat = _as_i64, _vptr, _splat
-
-    def _tile_codegen(mr, nv, vw=8, rpt=1):
-        def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
-                      for i in (0, 2, 4, 6, 10, 12)]
-            xa, oa, wa, ya, ba, za = arrays
-            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
-                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
-            lo, hi, alpha = args[14], args[15], args[16]
-            row_w, x_rstride = _as_i64(builder, args[20]), _as_i64(builder, args[21])
-            v8f = _V(_f32, vw)
-            masked = vw == 16 or rpt > 1  # AVX-512: masked input loads cost nothing extra
-            fast = ("fast",)
-            zero = ir.Constant(v8f, [0.0] * vw)
-            mstore = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
-                                                                _V(_i1, vw)]),
-                f"llvm.masked.store.v{vw}f32.p0v{vw}f32")
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v8f, [v8f.as_pointer(), _i32, _V(_i1, vw), v8f]),
-                f"llvm.masked.load.v{vw}f32.p0v{vw}f32")
-            lanes = [builder.icmp_signed(
-                "<", ir.Constant(_V(_i64, vw), list(range(vw * v, vw * v + vw))),
-                _splat(builder, ncols, vw)) for v in range(nv)]
-            row_lanes, shifts = [], []
-            if rpt > 1:
-                lane_ix = ir.Constant(_V(_i64, vw), list(range(vw)))
-                for j in range(rpt):
-                    lo_j = _splat(builder, builder.mul(row_w, _i64(j)), vw)
-                    hi_j = _splat(builder, builder.mul(row_w, _i64(j + 1)), vw)
-                    row_lanes.append(builder.and_(lanes[0], builder.and_(
-                        builder.icmp_signed(">=", lane_ix, lo_j),
-                        builder.icmp_signed("<", lane_ix, hi_j))))
-                    shifts.append(builder.mul(builder.sub(x_rstride, row_w), _i64(j)))
-            entry = builder.block
-            loop = builder.append_basic_block("dconv.loop")
-            done = builder.append_basic_block("dconv.done")
-            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            r = builder.phi(_i64)
-            r.add_incoming(_i64(0), entry)
-            accs = [builder.phi(v8f) for _ in range(mr * nv)]
-            for phi in accs:
-                phi.add_incoming(zero, entry)
-            xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
-            if rpt > 1:  # lanes [j*row_w, (j+1)*row_w): output row j of the tile
-                v = zero
-                for j in range(rpt):
-                    v = builder.call(mload, [_vptr(builder, xa, builder.add(xb, shifts[j]), vw),
-                                             _i32(4), row_lanes[j], v])
-                xv = [v]
-            elif masked:
-                xv = [builder.call(mload, [_vptr(builder, xa, builder.add(xb, _i64(vw * v)), vw),
-                                           _i32(4), lanes[v], zero]) for v in range(nv)]
-            else:
-                xv = [builder.load(_vptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)
-                      for v in range(nv)]
-            wb = builder.add(w_off, builder.mul(r, _i64(mr)))
-            new = []
-            for m in range(mr):
-                wm = _splat(builder, builder.load(builder.gep(wa, [builder.add(wb, _i64(m))])), vw)
-                for v in range(nv):
-                    new.append(builder.fadd(accs[m * nv + v],
-                                            builder.fmul(wm, xv[v], flags=fast), flags=fast))
-            r1 = builder.add(r, _i64(1))
-            r.add_incoming(r1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(v8f)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
-            lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
-            zflag = builder.icmp_signed("!=", has_z, _i64(0))
-            # flags bit 0: add onto y's values (a later reduction block); bit 1:
-            # apply the epilogue (the last block)
-            accumulate = _splat(builder, builder.icmp_signed(
-                "!=", builder.and_(flags, _i64(1)), _i64(0)), vw, ty=_i1)
-            final = builder.icmp_signed("!=", builder.and_(flags, _i64(2)), _i64(0))
-            for m in range(mr):
-                row_ok = _splat(builder, builder.icmp_signed("<", _i64(m), mvalid), vw, ty=_i1)
-                bm = _splat(builder, builder.load(builder.gep(ba, [builder.add(b_off, _i64(m))])), vw)
-                base = builder.add(y_off, builder.mul(y_stride, _i64(m)))
-                for v in range(nv):
-                    mask = builder.and_(lanes[v], row_ok)
-                    at = builder.add(base, _i64(vw * v))
-                    prev = builder.call(mload, [_vptr(builder, ya, at, vw), _i32(4),
-                                                builder.and_(mask, accumulate), zero])
-                    raw = builder.fadd(finals[m * nv + v], prev, flags=fast)
-                    val = builder.fadd(raw, bm, flags=fast)
-                    zmask = builder.and_(mask, _splat(builder, zflag, vw, ty=_i1))
-                    zv = builder.call(mload, [_vptr(builder, za, at, vw), _i32(4), zmask, zero])
-                    val = builder.fadd(val, zv, flags=fast)
-                    val = builder.select(builder.fcmp_ordered("<", val, zero),
-                                         builder.fmul(val, alv, flags=fast), val)
-                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
-                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
-                    val = builder.select(final, val, raw)
-                    builder.call(mstore, [val, _vptr(builder, ya, at, vw), _i32(4), mask])
-            return context.get_dummy_value()
-        return codegen
-
-    def _ctile_codegen(npix, nv, vw=16):
-        """Kind 4: ``npix`` pixels x ``nv * vw`` output channels, vectors over
-        channels (see :data:`BLOCKS`); the arguments are the other tiles'."""
-        def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
-                      for i in (0, 2, 4, 6, 10, 12)]
-            xa, oa, wa, ya, ba, za = arrays
-            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
-                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
-            lo, hi, alpha = args[14], args[15], args[16]
-            vf = _V(_f32, vw)
-            vi = _V(_i64, vw)
-            vp = _V(_f32.as_pointer(), vw)
-            fast = ("fast",)
-            zero = ir.Constant(vf, [0.0] * vw)
-            mask_t = _V(_i1, vw)
-            gather = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vf, [vp, _i32, mask_t, vf]),
-                f"llvm.masked.gather.v{vw}f32.v{vw}p0f32")
-            scatter = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [vf, vp, _i32, mask_t]),
-                f"llvm.masked.scatter.v{vw}f32.v{vw}p0f32")
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vf, [vf.as_pointer(), _i32, mask_t, vf]),
-                f"llvm.masked.load.v{vw}f32.p0v{vw}f32")
-            # pixels past the row read its last valid pixel (an address that exists)
-            last = builder.sub(ncols, _i64(1))
-            pofs = [builder.select(builder.icmp_signed("<", _i64(p), ncols), _i64(p), last)
-                    for p in range(npix)]
-            entry = builder.block
-            loop = builder.append_basic_block("ctile.loop")
-            done = builder.append_basic_block("ctile.done")
-            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            r = builder.phi(_i64)
-            r.add_incoming(_i64(0), entry)
-            accs = [builder.phi(vf) for _ in range(npix * nv)]
-            for phi in accs:
-                phi.add_incoming(zero, entry)
-            xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
-            wb = builder.add(w_off, builder.mul(r, _i64(vw * nv)))
-            wv = [builder.load(_vptr(builder, wa, builder.add(wb, _i64(vw * v)), vw), align=4)
-                  for v in range(nv)]
-            new = []
-            for p in range(npix):
-                xv = _splat(builder, builder.load(builder.gep(xa, [builder.add(xb, pofs[p])])), vw)
-                for v in range(nv):
-                    new.append(builder.fadd(accs[p * nv + v],
-                                            builder.fmul(wv[v], xv, flags=fast), flags=fast))
-            r1 = builder.add(r, _i64(1))
-            r.add_incoming(r1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(vf)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
-            lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
-            zflag = _splat(builder, builder.icmp_signed("!=", has_z, _i64(0)), vw, ty=_i1)
-            accumulate = _splat(builder, builder.icmp_signed(
-                "!=", builder.and_(flags, _i64(1)), _i64(0)), vw, ty=_i1)
-            final = builder.icmp_signed("!=", builder.and_(flags, _i64(2)), _i64(0))
-            y_base = _splat(builder, builder.ptrtoint(ya, _i64), vw)
-            z_base = _splat(builder, builder.ptrtoint(za, _i64), vw)
-            stride4 = _splat(builder, builder.mul(y_stride, _i64(4)), vw)
-            for v in range(nv):
-                ch = ir.Constant(vi, list(range(vw * v, vw * v + vw)))
-                ch_ok = builder.icmp_signed("<", ch, _splat(builder, mvalid, vw))
-                bv = builder.call(mload, [_vptr(builder, ba, builder.add(b_off, _i64(vw * v)), vw),
-                                          _i32(4), ch_ok, zero])
-                rel = builder.mul(ch, stride4)  # byte offsets of the channels' rows
-                for p in range(npix):
-                    pix_ok = _splat(builder, builder.icmp_signed("<", _i64(p), ncols), vw, ty=_i1)
-                    mask = builder.and_(ch_ok, pix_ok)
-                    at = _splat(builder, builder.mul(builder.add(y_off, _i64(p)), _i64(4)), vw)
-                    off = builder.add(rel, at)
-                    yp = builder.inttoptr(builder.add(y_base, off), vp)
-                    zp = builder.inttoptr(builder.add(z_base, off), vp)
-                    prev = builder.call(gather, [yp, _i32(4), builder.and_(mask, accumulate), zero])
-                    raw = builder.fadd(finals[p * nv + v], prev, flags=fast)
-                    val = builder.fadd(raw, bv, flags=fast)
-                    zv = builder.call(gather, [zp, _i32(4), builder.and_(mask, zflag), zero])
-                    val = builder.fadd(val, zv, flags=fast)
-                    val = builder.select(builder.fcmp_ordered("<", val, zero),
-                                         builder.fmul(val, alv, flags=fast), val)
-                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
-                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
-                    val = builder.select(final, val, raw)
-                    builder.call(scatter, [val, yp, _i32(4), mask])
-            return context.get_dummy_value()
-        return codegen
-
-    def _tile_intrinsic(mr, nv, rpt, codegen=None):
-        def typer(typingctx, xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                  bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w, x_rstride):
-            return (types.void(xs, x_off, offs, nr, wp, w_off, y, y_off, y_stride, ncols,
-                               bias, b_off, z, has_z, lo, hi, alpha, mvalid, r0, flags, row_w,
-                               x_rstride),
-                    codegen or _tile_codegen(mr, nv, VW, rpt))
-        typer.__name__ = f"_dconv_tile_{mr}x{nv}x{VW}r{rpt}" + ("c" if codegen else "")
-        return intrinsic(typer)
-
-    _tile0, _tile1, _tile2, _tile3 = (_tile_intrinsic(*b) for b in BLOCKS[:4])
+    _tile0, _tile1, _tile2, _tile3 = (tile_intrinsic(*b) for b in BLOCKS[:4])
     if VW == 16:
-        _tile4, _tile5, _tile6 = (_tile_intrinsic(*b, codegen=_ctile_codegen(*ct))
+        _tile4, _tile5, _tile6 = (tile_intrinsic(*b, codegen=channel_tile_codegen(*ct))
                                   for b, ct in zip(BLOCKS[4:], CT_TILES))
     else:  # never called (no kinds 4-6 without the 16-lane tiles)
         _tile4 = _tile5 = _tile6 = _tile3

@@ -25,6 +25,7 @@ from __future__ import annotations
 from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
 from . import _conv_direct as _cd
+from . import _conv_tiles as _ct
 
 __all__ = ["HAVE_KERNEL", "dw_sum", "dw_store", "copy1", "copy2", "phase_copy_rows"]
 
@@ -38,7 +39,7 @@ if HAVE_KERNEL:
 
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
     _V = ir.VectorType
-    _as_i64, _splat, VW = _cd.as_i64, _cd.splat, _cd.VW
+    _as_i64, _splat, VW = _ct.as_i64, _ct.splat, _ct.VW
 
     def _dw_sum_codegen(vw, nv, double):
         """``acc[t] = bias + sum_k w[k] * ph[offs[k] + t]`` for ``t < n``: the

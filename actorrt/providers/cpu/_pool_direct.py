@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from . import _conv_direct as _cd
+from . import _conv_tiles as _ct
 
 __all__ = ["HAVE_KERNEL", "ENABLED", "maxpool2d"]
 
@@ -50,12 +51,12 @@ if HAVE_KERNEL:
         def codegen(context, builder, sig, args):
             xa, oa, ya = [context.make_array(sig.args[i])(context, builder, args[i]).data
                           for i in (0, 2, 4)]
-            x_off, ntaps, y_off, ncols = [_cd.as_i64(builder, args[i]) for i in (1, 3, 5, 6)]
+            x_off, ntaps, y_off, ncols = [_ct.as_i64(builder, args[i]) for i in (1, 3, 5, 6)]
             v8f = _V(_f32, vw)
             vmax = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(v8f, [v8f, v8f]), f"llvm.maxnum.v{vw}f32")
             first = builder.add(x_off, builder.load(oa))
-            init = [builder.load(_cd.vec_ptr(builder, xa, builder.add(first, _i64(vw * v)), vw), align=4)
+            init = [builder.load(_ct.vec_ptr(builder, xa, builder.add(first, _i64(vw * v)), vw), align=4)
                     for v in range(nv)]
             entry = builder.block
             loop = builder.append_basic_block("maxpool.loop")
@@ -69,7 +70,7 @@ if HAVE_KERNEL:
                 phi.add_incoming(val, entry)
             xb = builder.add(x_off, builder.load(builder.gep(oa, [t])))
             new = [builder.call(vmax, [accs[v], builder.load(
-                _cd.vec_ptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)])
+                _ct.vec_ptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)])
                 for v in range(nv)]
             t1 = builder.add(t, _i64(1))
             t.add_incoming(t1, loop)
@@ -90,8 +91,8 @@ if HAVE_KERNEL:
             for v, phi in enumerate(finals):
                 mask = builder.icmp_signed(
                     "<", ir.Constant(_V(_i64, vw), list(range(vw * v, vw * v + vw))),
-                    _cd.splat(builder, ncols, vw))
-                builder.call(mstore, [phi, _cd.vec_ptr(builder, ya, builder.add(y_off, _i64(vw * v)), vw),
+                    _ct.splat(builder, ncols, vw))
+                builder.call(mstore, [phi, _ct.vec_ptr(builder, ya, builder.add(y_off, _i64(vw * v)), vw),
                                       _i32(4), mask])
             return context.get_dummy_value()
         return codegen

@@ -59,15 +59,66 @@ if HAVE_KERNEL:
     #: IR helpers shared with the other direct kernels (:mod:`._pool_direct`)
     as_i64, vec_ptr, splat = _as_i64, _vptr, _splat
 
+    def _tile_args(context, builder, sig, args):
+        """The tile intrinsic's arguments: arrays ``(xs, offs, wp, y, bias,
+        z)`` (data pointers), the ints ``(x_off, nr, w_off, y_off, y_stride,
+        ncols, b_off, has_z, mvalid, r0, flags, row_w, x_rstride)`` (i64) and
+        the floats ``(lo, hi, alpha)``."""
+        arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
+                  for i in (0, 2, 4, 6, 10, 12)]
+        ints = [_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19, 20, 21)]
+        return arrays, ints, (args[14], args[15], args[16])
+
+    def _open_loop(builder, nr, naccs, zero, name):
+        """Enter the reduction loop ``r in [0, nr)``: ``(entry, loop, done, r,
+        accs)``, the accumulators' phis starting at ``zero``."""
+        entry = builder.block
+        loop = builder.append_basic_block(f"{name}.loop")
+        done = builder.append_basic_block(f"{name}.done")
+        builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
+        builder.position_at_end(loop)
+        r = builder.phi(_i64)
+        r.add_incoming(_i64(0), entry)
+        accs = [builder.phi(zero.type) for _ in range(naccs)]
+        for phi in accs:
+            phi.add_incoming(zero, entry)
+        return entry, loop, done, r, accs
+
+    def _close_loop(builder, nr, entry, loop, done, r, accs, new, zero):
+        """Close the loop of :func:`_open_loop` on the accumulators' ``new``
+        values; returns their values after it (``zero`` where ``nr`` <= 0)."""
+        r1 = builder.add(r, _i64(1))
+        r.add_incoming(r1, loop)
+        for phi, val in zip(accs, new):
+            phi.add_incoming(val, loop)
+        builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
+        builder.position_at_end(done)
+        finals = []
+        for val in new:
+            phi = builder.phi(zero.type)
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(val, loop)
+            finals.append(phi)
+        return finals
+
+    def _epilogue(builder, acc, prev, bias, zv, alv, lov, hiv, final, zero):
+        """``raw = acc + prev``; on the last reduction block (``final``)
+        ``min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v = raw + bias +
+        zv``, else ``raw`` (sums stored for the next block)."""
+        fast = ("fast",)
+        raw = builder.fadd(acc, prev, flags=fast)
+        val = builder.fadd(builder.fadd(raw, bias, flags=fast), zv, flags=fast)
+        val = builder.select(builder.fcmp_ordered("<", val, zero),
+                             builder.fmul(val, alv, flags=fast), val)
+        val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
+        val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
+        return builder.select(final, val, raw)
+
     def row_tile_codegen(mr, nv, vw=8, rpt=1):
         def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
-                      for i in (0, 2, 4, 6, 10, 12)]
-            xa, oa, wa, ya, ba, za = arrays
-            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
-                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
-            lo, hi, alpha = args[14], args[15], args[16]
-            row_w, x_rstride = _as_i64(builder, args[20]), _as_i64(builder, args[21])
+            (xa, oa, wa, ya, ba, za), ints, (lo, hi, alpha) = _tile_args(context, builder, sig, args)
+            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags, row_w,
+             x_rstride) = ints
             v8f = _V(_f32, vw)
             masked = vw == 16 or rpt > 1  # AVX-512: masked input loads cost nothing extra
             fast = ("fast",)
@@ -92,16 +143,7 @@ if HAVE_KERNEL:
                         builder.icmp_signed(">=", lane_ix, lo_j),
                         builder.icmp_signed("<", lane_ix, hi_j))))
                     shifts.append(builder.mul(builder.sub(x_rstride, row_w), _i64(j)))
-            entry = builder.block
-            loop = builder.append_basic_block("dconv.loop")
-            done = builder.append_basic_block("dconv.done")
-            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            r = builder.phi(_i64)
-            r.add_incoming(_i64(0), entry)
-            accs = [builder.phi(v8f) for _ in range(mr * nv)]
-            for phi in accs:
-                phi.add_incoming(zero, entry)
+            entry, loop, done, r, accs = _open_loop(builder, nr, mr * nv, zero, "dconv")
             xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
             if rpt > 1:  # lanes [j*row_w, (j+1)*row_w): output row j of the tile
                 v = zero
@@ -122,19 +164,7 @@ if HAVE_KERNEL:
                 for v in range(nv):
                     new.append(builder.fadd(accs[m * nv + v],
                                             builder.fmul(wm, xv[v], flags=fast), flags=fast))
-            r1 = builder.add(r, _i64(1))
-            r.add_incoming(r1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(v8f)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
+            finals = _close_loop(builder, nr, entry, loop, done, r, accs, new, zero)
             lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
             zflag = builder.icmp_signed("!=", has_z, _i64(0))
             # flags bit 0: add onto y's values (a later reduction block); bit 1:
@@ -151,16 +181,10 @@ if HAVE_KERNEL:
                     at = builder.add(base, _i64(vw * v))
                     prev = builder.call(mload, [_vptr(builder, ya, at, vw), _i32(4),
                                                 builder.and_(mask, accumulate), zero])
-                    raw = builder.fadd(finals[m * nv + v], prev, flags=fast)
-                    val = builder.fadd(raw, bm, flags=fast)
                     zmask = builder.and_(mask, _splat(builder, zflag, vw, ty=_i1))
                     zv = builder.call(mload, [_vptr(builder, za, at, vw), _i32(4), zmask, zero])
-                    val = builder.fadd(val, zv, flags=fast)
-                    val = builder.select(builder.fcmp_ordered("<", val, zero),
-                                         builder.fmul(val, alv, flags=fast), val)
-                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
-                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
-                    val = builder.select(final, val, raw)
+                    val = _epilogue(builder, finals[m * nv + v], prev, bm, zv, alv, lov, hiv,
+                                    final, zero)
                     builder.call(mstore, [val, _vptr(builder, ya, at, vw), _i32(4), mask])
             return context.get_dummy_value()
         return codegen
@@ -170,12 +194,8 @@ if HAVE_KERNEL:
         over channels (:data:`._conv_direct.BLOCKS`); the arguments are the
         row tiles'."""
         def codegen(context, builder, sig, args):
-            arrays = [context.make_array(sig.args[i])(context, builder, args[i]).data
-                      for i in (0, 2, 4, 6, 10, 12)]
-            xa, oa, wa, ya, ba, za = arrays
-            (x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags) = [
-                _as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19)]
-            lo, hi, alpha = args[14], args[15], args[16]
+            (xa, oa, wa, ya, ba, za), ints, (lo, hi, alpha) = _tile_args(context, builder, sig, args)
+            x_off, nr, w_off, y_off, y_stride, ncols, b_off, has_z, mvalid, r0, flags = ints[:11]
             vf = _V(_f32, vw)
             vi = _V(_i64, vw)
             vp = _V(_f32.as_pointer(), vw)
@@ -195,16 +215,7 @@ if HAVE_KERNEL:
             last = builder.sub(ncols, _i64(1))
             pofs = [builder.select(builder.icmp_signed("<", _i64(p), ncols), _i64(p), last)
                     for p in range(npix)]
-            entry = builder.block
-            loop = builder.append_basic_block("ctile.loop")
-            done = builder.append_basic_block("ctile.done")
-            builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
-            builder.position_at_end(loop)
-            r = builder.phi(_i64)
-            r.add_incoming(_i64(0), entry)
-            accs = [builder.phi(vf) for _ in range(npix * nv)]
-            for phi in accs:
-                phi.add_incoming(zero, entry)
+            entry, loop, done, r, accs = _open_loop(builder, nr, npix * nv, zero, "ctile")
             xb = builder.add(x_off, builder.load(builder.gep(oa, [builder.add(r0, r)])))
             wb = builder.add(w_off, builder.mul(r, _i64(vw * nv)))
             wv = [builder.load(_vptr(builder, wa, builder.add(wb, _i64(vw * v)), vw), align=4)
@@ -215,19 +226,7 @@ if HAVE_KERNEL:
                 for v in range(nv):
                     new.append(builder.fadd(accs[p * nv + v],
                                             builder.fmul(wv[v], xv, flags=fast), flags=fast))
-            r1 = builder.add(r, _i64(1))
-            r.add_incoming(r1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
-
-            builder.position_at_end(done)
-            finals = []
-            for val in new:
-                phi = builder.phi(vf)
-                phi.add_incoming(zero, entry)
-                phi.add_incoming(val, loop)
-                finals.append(phi)
+            finals = _close_loop(builder, nr, entry, loop, done, r, accs, new, zero)
             lov, hiv, alv = (_splat(builder, s, vw) for s in (lo, hi, alpha))
             zflag = _splat(builder, builder.icmp_signed("!=", has_z, _i64(0)), vw, ty=_i1)
             accumulate = _splat(builder, builder.icmp_signed(
@@ -250,15 +249,9 @@ if HAVE_KERNEL:
                     yp = builder.inttoptr(builder.add(y_base, off), vp)
                     zp = builder.inttoptr(builder.add(z_base, off), vp)
                     prev = builder.call(gather, [yp, _i32(4), builder.and_(mask, accumulate), zero])
-                    raw = builder.fadd(finals[p * nv + v], prev, flags=fast)
-                    val = builder.fadd(raw, bv, flags=fast)
                     zv = builder.call(gather, [zp, _i32(4), builder.and_(mask, zflag), zero])
-                    val = builder.fadd(val, zv, flags=fast)
-                    val = builder.select(builder.fcmp_ordered("<", val, zero),
-                                         builder.fmul(val, alv, flags=fast), val)
-                    val = builder.select(builder.fcmp_ordered("<", val, lov), lov, val)
-                    val = builder.select(builder.fcmp_ordered(">", val, hiv), hiv, val)
-                    val = builder.select(final, val, raw)
+                    val = _epilogue(builder, finals[p * nv + v], prev, bv, zv, alv, lov, hiv,
+                                    final, zero)
                     builder.call(scatter, [val, yp, _i32(4), mask])
             return context.get_dummy_value()
         return codegen

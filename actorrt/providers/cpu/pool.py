@@ -20,6 +20,7 @@ one unpadded window over the whole plane as the plane mean.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -172,6 +173,7 @@ def LpPool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=No
 _FLAT_PLANS: dict = {}
 #: ... at most this many (the oldest dropped first)
 FLAT_PLANS_MAX = 16
+_FLAT_LOCK = threading.Lock()
 
 
 def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
@@ -186,15 +188,16 @@ def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
     from . import _pool_flat
     if not _pool_flat.applies(x, strides):
         return None
-    key = (x.shape, x.dtype, tuple(kernel), tuple(dil), tuple(pb), tuple(out),
+    key = (x.shape, x.dtype, tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out),
            is_max, None if counts is None else (tuple(counts[0]), tuple(counts[1])))
-    plan = _FLAT_PLANS.get(key)
-    if plan is None:
-        if len(_FLAT_PLANS) >= FLAT_PLANS_MAX:
-            _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)))
-        plan = _FLAT_PLANS[key] = _pool_flat.make_plan(
-            x, kernel, strides, dil, pb, out, is_max,
-            *(counts if counts is not None else (None, None)))
+    with _FLAT_LOCK:  # sessions on several threads share the plans
+        plan = _FLAT_PLANS.get(key)
+        if plan is None:
+            if len(_FLAT_PLANS) >= FLAT_PLANS_MAX:
+                _FLAT_PLANS.pop(next(iter(_FLAT_PLANS)))
+            plan = _FLAT_PLANS[key] = _pool_flat.make_plan(
+                x, kernel, strides, dil, pb, out, is_max,
+                *(counts if counts is not None else (None, None)))
     tracing.kernel_variant("pool", "flat", "kernel=%s", kernel)
     return _pool_flat.pool2d(plan, x)
 

@@ -168,8 +168,8 @@ def LpPool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=No
     return res.astype(x.dtype, copy=False)
 
 
-#: plans of :mod:`._pool_flat` per (shape, dtype, window), shared by every
-#: node and session (a plan keeps one set of buffers: see ``_pool_flat``)
+#: plans of :mod:`._pool_flat` per (shape, dtype, window, strides), shared by
+#: every node and session (geometry only: a call makes its own group buffers)
 _FLAT_PLANS: dict = {}
 #: ... at most this many (the oldest dropped first)
 FLAT_PLANS_MAX = 16

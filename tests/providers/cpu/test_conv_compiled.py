@@ -59,6 +59,17 @@ def _ort_and_traced(model, feeds: dict, opts=None):
     return want, got, spans
 
 
+def _direct_run(model, x, threads: int, runs: int = 2):
+    """onnxruntime's outputs, actorrt's from ``runs`` runs of one session
+    (``threads`` intra-op threads, op tracing) and that session's op spans' args."""
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=threads)
+    with actorrt.InferenceSession(model, opts) as s:
+        gots = [s.run(None, {"x": x}) for _ in range(runs)]
+        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    return want, gots, spans
+
+
 @pytest.mark.parametrize("drivers", ["chunks", "numba-pool", "serial"])
 @pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("case", CASES)
@@ -107,12 +118,8 @@ def test_direct_conv_matches_onnxruntime(case, drivers, monkeypatch):
         monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
         monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
     model, x = _model(case)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
-    with actorrt.InferenceSession(model, opts) as s:
-        got = s.run(None, {"x": x})
-        got2 = s.run(None, {"x": x})  # cached geometry / packed weights
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    # the second run: cached geometry / packed weights
+    want, (got, got2), spans = _direct_run(model, x, 2 if drivers == "chunks" else 1)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(got2[0], got[0])
     direct = [a for a in spans if a.get("kernel_variant.conv", {}).get("variant") == "direct"]
@@ -152,12 +159,7 @@ def test_direct_wide_tiles_match_onnxruntime(case, drivers, multi_row, copy, mon
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_direct, "MULTI_ROW", multi_row)
     model, x = _model(case)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
-    with actorrt.InferenceSession(model, opts) as s:
-        got = s.run(None, {"x": x})
-        got2 = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, (got, got2), spans = _direct_run(model, x, 2 if drivers == "chunks" else 1)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(got2[0], got[0])
     pointwise = case[5] == (1, 1)
@@ -203,11 +205,7 @@ def test_channel_tiles_and_weight_passes_match_onnxruntime(case, drivers, rows_p
         monkeypatch.setattr(_conv_direct, "REDUCTION_BLOCK", 7)
         monkeypatch.setattr(_conv_direct, "WEIGHT_BLOCK_BYTES", 200)
     model, x = _model(case)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=2 if drivers == "chunks" else 1)
-    with actorrt.InferenceSession(model, opts) as s:
-        got = s.run(None, {"x": x})
-        spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
+    want, (got,), spans = _direct_run(model, x, 2 if drivers == "chunks" else 1, runs=1)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     assert [a.get("kernel_variant.conv", {}).get("variant") for a in spans] == ["direct"]
     ow, mg = want[0].shape[3], case[4] // case[9]

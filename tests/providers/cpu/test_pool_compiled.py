@@ -98,6 +98,15 @@ def test_maxpool_direct(shape, attrs, monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
+def _with_nans(shape):
+    """float32 normal values with every third one NaN and an all-NaN 3x3
+    corner (windows wholly NaN, NaN next to pads)."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::3] = np.nan
+    x[..., :3, :3] = np.nan
+    return x
+
+
 @pytest.mark.parametrize("case", [0, 1, 4, 8])
 def test_maxpool_direct_nan_equals_the_numpy_taps(case, monkeypatch):
     """NaN inputs (some windows all NaN, some NaN next to pads): the direct
@@ -105,9 +114,7 @@ def test_maxpool_direct_nan_equals_the_numpy_taps(case, monkeypatch):
     if not _pool_direct.HAVE_KERNEL:
         pytest.skip("no numba / AVX2: the direct MaxPool is not built")
     shape, attrs = CASES[case]
-    x = RNG.standard_normal(shape).astype(np.float32)
-    x.reshape(-1)[::3] = np.nan
-    x[..., :3, :3] = np.nan
+    x = _with_nans(shape)
     got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, direct=True)
     want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
     assert used
@@ -285,10 +292,19 @@ def _flat_planes_in_reverse(monkeypatch, threads: int):
                         lambda fn, n, threads: [fn(i) for i in reversed(range(n))])
 
 
+def _flat_pool_cases():
+    """(shape, attrs, op, count_include_pad) for the flat kernel: MaxPool at
+    stride 1 (strided MaxPool is the direct kernel's), AveragePool at any."""
+    for shape, attrs in FLAT_CASES:
+        strided = any(s > 1 for s in attrs.get("strides", [1, 1]))
+        if not strided:
+            yield shape, attrs, "MaxPool", None
+        yield shape, attrs, "AveragePool", 0
+        yield shape, attrs, "AveragePool", 1
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("op,count_include_pad", [("MaxPool", None), ("AveragePool", 0),
-                                                  ("AveragePool", 1)])
-@pytest.mark.parametrize("shape,attrs", FLAT_CASES)
+@pytest.mark.parametrize("shape,attrs,op,count_include_pad", list(_flat_pool_cases()))
 def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, threads, monkeypatch):
     """MaxPool (stride 1) / AveragePool (strides 1-2) on the flat kernel
     (``_pool_flat``), its planes whole or split over threads (ranges run last
@@ -296,9 +312,6 @@ def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, thre
     rounding. Strided MaxPool stays on the direct kernel."""
     if not _pool_flat.HAVE_NUMBA:
         pytest.skip("numba not installed")
-    strided = any(s > 1 for s in attrs.get("strides", [1, 1]))
-    if op == "MaxPool" and strided:
-        pytest.skip("strided MaxPool: the direct kernel's (not the flat one's)")
     _flat_planes_in_reverse(monkeypatch, threads)
     x = RNG.standard_normal(shape).astype(np.float32)
     extra = {} if count_include_pad is None else {"count_include_pad": count_include_pad}
@@ -314,15 +327,12 @@ def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, thre
 @pytest.mark.parametrize("case", [0, 4, 5, 11])
 def test_flat_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
     """NaN inputs (all-NaN windows, NaN next to pads): the flat MaxPool gives
-    the numpy tap path's np.fmax values bit for bit, with its reused -inf
-    buffer on later runs."""
+    the numpy tap path's np.fmax values bit for bit, on two inputs in turn."""
     if not _pool_flat.HAVE_NUMBA:
         pytest.skip("numba not installed")
     shape, attrs = FLAT_CASES[case]
     for _ in range(2):
-        x = RNG.standard_normal(shape).astype(np.float32)
-        x.reshape(-1)[::3] = np.nan
-        x[..., :3, :3] = np.nan
+        x = _with_nans(shape)
         got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, flat=True)
         want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
         assert used

@@ -20,6 +20,9 @@ share) and are usable only inside numba-compiled code:
 * ``backoff(spins, pauses)``: ``pause_or_yield`` and ``spins + 1``.
 * ``prefetch_line(arr, offset)``: a read prefetch (every cache level) of
   the cache line at byte ``offset`` of any array ``arr``: a hint.
+* ``prefetch_line_w(arr, offset)``: the same for a line about to be written
+  (``prefetchw`` on x86: the line comes in owned, so the store that follows
+  does not wait for its read-for-ownership).
 
 ``sched_yield`` is reached through a symbol this module registers with LLVM
 (``actorrt_sched_yield``, libc's address) at import, before any kernel using
@@ -37,7 +40,7 @@ import ctypes
 import platform
 
 __all__ = ["HAVE_NUMBA", "HAVE_YIELD", "atomic_add", "backoff", "cycles", "load_acquire",
-           "pause_or_yield", "prefetch_line", "store_release"]
+           "pause_or_yield", "prefetch_line", "prefetch_line_w", "store_release"]
 
 try:
     from llvmlite import ir as _ir
@@ -89,9 +92,7 @@ if HAVE_NUMBA:
             return context.get_dummy_value()
         return _types.none(arr, _types.int64, _types.int64), codegen
 
-    @_intrinsic
-    def prefetch_line(typingctx, arr, offset):
-        """Prefetch the cache line at byte ``offset`` of ``arr`` (a hint)."""
+    def _prefetch_codegen(rw: int):
         def codegen(context, builder, sig, args):
             i8p = _ir.IntType(8).as_pointer()
             i32 = _ir.IntType(32)
@@ -100,9 +101,19 @@ if HAVE_NUMBA:
                 builder.module, _ir.FunctionType(_ir.VoidType(), [i8p, i32, i32, i32]),
                 "llvm.prefetch.p0")
             builder.call(fn, [builder.gep(builder.bitcast(data, i8p), [args[1]]),
-                              _ir.Constant(i32, 0), _ir.Constant(i32, 3), _ir.Constant(i32, 1)])
+                              _ir.Constant(i32, rw), _ir.Constant(i32, 3), _ir.Constant(i32, 1)])
             return context.get_dummy_value()
-        return _types.none(arr, _types.int64), codegen
+        return codegen
+
+    @_intrinsic
+    def prefetch_line(typingctx, arr, offset):
+        """Prefetch the cache line at byte ``offset`` of ``arr`` (a hint)."""
+        return _types.none(arr, _types.int64), _prefetch_codegen(0)
+
+    @_intrinsic
+    def prefetch_line_w(typingctx, arr, offset):
+        """Prefetch the cache line at byte ``offset`` of ``arr`` for a write (a hint)."""
+        return _types.none(arr, _types.int64), _prefetch_codegen(1)
 
     @_intrinsic
     def cycles(typingctx):

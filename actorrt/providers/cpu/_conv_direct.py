@@ -164,9 +164,47 @@ CHANNEL_TILES = True
 #: 29.5 -> 30.3; 64 -> 64 at r = 576 34 -> 28-30; resnetish 1-3 % slower
 #: with them at every r)
 CT_MIN_REDUCTION = 512
+#: software prefetches of the next row group's lines, bit flags: 1 the
+#: output's (for a write) and the residual ``Z``'s, 2 the input rows of a 1x1
+#: conv read in place (a copied, padded input was just written: in cache). Inside a model a layer's output, residual and (read in place)
+#: input are rarely still in cache; the tiles address ``MR`` channel planes at
+#: once, more concurrent streams than the hardware prefetchers follow, and the
+#: read-for-ownership misses then come one at a time: resnet50's layers ran
+#: 1.3-3x their cache-hot time in the model (docs/speed.md round 13)
+PREFETCH = 3
+#: ... for outputs of at least this many bytes (smaller ones stay in L2
+#: between layers, where the hints only cost instructions: resnetish 1.04x
+#: the time with them on every conv)
+PREFETCH_MIN_BYTES = 512 << 10
 
 if HAVE_KERNEL:
     from numba import njit
+
+    from ._atomics import prefetch_line, prefetch_line_w
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _prefetch_row_group(xs, offs, y, z, has_z, pf, x_row, r0, kn, xspan, y_at, nrow, plane,
+                            nch):  # pragma: no cover - compiled
+        """Prefetch hints for the next row group: ``nch`` channel planes of
+        ``y`` (and ``z``) from element ``y_at``, ``nrow`` elements each, for a
+        write (``pf & 1``); the input rows of reduction rows ``[r0, r0 + kn)``
+        from ``x_row``, ``xspan`` elements each (``pf & 2``)."""
+        if pf & 1:
+            for c in range(nch):
+                e0 = y_at + c * plane
+                a = (e0 * 4) & ~63
+                while a < (e0 + nrow) * 4:
+                    prefetch_line_w(y, a)
+                    if has_z:
+                        prefetch_line(z, a)
+                    a += 64
+        if pf & 2:
+            for r in range(r0, r0 + kn):
+                e0 = x_row + offs[r]
+                a = (e0 * 4) & ~63
+                while a < (e0 + xspan) * 4:
+                    prefetch_line(xs, a)
+                    a += 64
 
     from ._conv_tiles import channel_tile_codegen, tile_intrinsic
 
@@ -204,7 +242,7 @@ if HAVE_KERNEL:
 
     @njit(nogil=True, cache=True)
     def _rows(xs, offs, wp, y, bias, z, has_z, lo, hi, alpha, g, mb, mg, nr, x_img, x_grp,
-              oh, ow, wj, kc, obg, kind, mparts, rgroups, start, stop):  # pragma: no cover
+              oh, ow, wj, kc, obg, kind, mparts, rgroups, pf, start, stop):  # pragma: no cover
         """Work items ``[start, stop)``, each (image, group, ``rgroups`` row
         groups, channel part): per item, reduction blocks of kc, groups of obg
         channel blocks of the part (their weights stay in L2), the item's row
@@ -215,10 +253,13 @@ if HAVE_KERNEL:
         Several row groups per item (:data:`ROWS_PER_WEIGHT_PASS`) read each
         weight block once for all of them. (One module-level function:
         numba's cache keys closures by their cells, which an intrinsic does
-        not pickle stably, so a closure recompiled per process.)"""
+        not pickle stably, so a closure recompiled per process.)
+        ``pf``: the plan's :data:`PREFETCH` bits: hints for the next row
+        group of the item's channels, issued before this one's tiles."""
         mr = _KIND_MR[kind]
         cols = _KIND_COLS[kind]
         rpt = _KIND_RPT[kind]
+        xspan = ow + (rpt - 1) * wj
         ngroups = (oh + rpt - 1) // rpt
         nblocks = (ngroups + rgroups - 1) // rgroups
         mbp = (mb + mparts - 1) // mparts
@@ -241,6 +282,14 @@ if HAVE_KERNEL:
                     for gr in range(gr0, gr1):
                         oy = gr * rpt
                         x_row = n * x_img + gi * x_grp + oy * wj
+                        if pf & 3 and gr + 1 < ngroups:
+                            oyn = oy + rpt
+                            ch0 = gi * mg + og * mr
+                            _prefetch_row_group(
+                                xs, offs, y, z, has_z, pf & (3 if og == b0 else 1),
+                                x_row + rpt * wj, r0, kn, xspan, ((n * m + ch0) * oh + oyn) * ow,
+                                min(rpt, oh - oyn) * ow, plane,
+                                min(mg, (min(b1, og + obg)) * mr) - og * mr)
                         for ox0 in range(0, ow, cols):
                             ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
                             for ob in range(og, min(b1, og + obg)):
@@ -456,7 +505,9 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                 rows=_rows,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
                       max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK))),
-                      kind, mparts, rgroups),
+                      kind, mparts, rgroups,
+                      PREFETCH & (3 if inplace else 1)
+                      if 4 * n * group * mg * oh * ow >= PREFETCH_MIN_BYTES else 0),
                 items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 flops=2 * n * group * mg * r * oh * ow,

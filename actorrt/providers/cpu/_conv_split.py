@@ -103,8 +103,8 @@ if HAVE_SPLIT:
     _SIG = nbt.void(nbt.int64, nbt.int64, nbt.int64)
 
     # direct conv block: xs, offs, wp, y, bias, z (address, size each), has_z,
-    # floats (lo, hi, alpha), then the plan's 14 ints
-    _CONV_N = 28
+    # floats (lo, hi, alpha), then the plan's 15 ints
+    _CONV_N = 29
 
     @cfunc(_SIG, nogil=True, cache=True)
     def _conv_items(params, i0, i1):  # pragma: no cover - compiled
@@ -118,7 +118,7 @@ if HAVE_SPLIT:
         f = carray(_f32p(p[13]), (3,))
         _cd.rows_range(xs, offs, wp, y, bias, z, p[12], f[0], f[1], f[2], p[14], p[15], p[16],
                   p[17], p[18], p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27],
-                  i0, i1)
+                  p[28], i0, i1)
 
     # phase copy block: x, buf (address, size), table (address, rows), c, h,
     # w, nphase, hi, wj, sw

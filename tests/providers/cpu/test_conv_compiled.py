@@ -596,3 +596,50 @@ def test_weight_bytes_bound_of_the_direct_kernel(channels, direct):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=2e-3)
     variants = [a["kernel_variant.conv"]["variant"] for a in spans]
     assert variants == (["direct"] if direct else ["im2col"]), variants
+
+
+def test_prefetch_bits_by_output_size_and_input_layout(monkeypatch):
+    """The direct plan's prefetch bits (its 15th int): outputs of at least
+    PREFETCH_MIN_BYTES get the output / residual hints (1), a 1x1 conv read
+    in place the input's too (3); smaller outputs and PREFETCH = 0 none."""
+    def bits(x_shape, m, k, pads=(0, 0)):
+        n, c, h, w = x_shape
+        return _conv_direct.make_plan(x_shape, (1, m, c * k * k), 1, (k, k), (1, 1), (1, 1),
+                                      pads, (h + 2 * pads[0] - k + 1, w + 2 * pads[1] - k + 1),
+                                      flatten=True).ints[14]
+    limit = _conv_direct.PREFETCH_MIN_BYTES
+    side = int(np.ceil(np.sqrt(limit / (4 * 64)))) + 1  # 64 channels past the limit
+    assert bits((1, 32, side, side), 64, 3, (1, 1)) == 1
+    assert bits((1, 32, 8, 8), 64, 3, (1, 1)) == 0
+    if _conv_direct.VW == 16:
+        assert bits((1, 32, side, side), 64, 1) == 3
+    monkeypatch.setattr(_conv_direct, "PREFETCH", 0)
+    assert bits((1, 32, side, side), 64, 3, (1, 1)) == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("case", EXTENT_CASES + [
+    (1, 32, 20, 20, 48, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, None),  # 1x1 read in place
+    (2, 8, 19, 23, 40, (3, 3), (2, 1), (1, 0, 2, 1), (1, 1), 1, None),
+    (1, 16, 9, 30, 24, (5, 3), (1, 2), (2, 1, 2, 1), (1, 1), 2, None)])
+def test_direct_conv_with_prefetch_hints_matches_onnxruntime(case, residual, threads, monkeypatch):
+    """Every direct conv with the prefetch hints on (PREFETCH_MIN_BYTES 0:
+    each row group prefetches the next one's output, residual and in-place
+    input lines), one and two threads, with and without a residual:
+    onnxruntime's values, on the direct kernel."""
+    if not _conv_direct.HAVE_KERNEL:
+        pytest.skip("the compiled kernels are not built")
+    monkeypatch.setattr(_conv_direct, "PREFETCH_MIN_BYTES", 0)
+    monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
+    monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if threads > 1 else 1 << 62)
+    model, feeds = _residual_model(case, residual)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    opts = actorrt.SessionOptions(trace="ops", intra_op_num_threads=threads)
+    with actorrt.InferenceSession(model, opts) as s:
+        got = s.run(None, feeds)
+        variants = [sp.args.get("kernel_variant.conv", {}).get("variant")
+                    for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    if case[9] != case[1]:  # not depthwise
+        assert "direct" in variants, variants

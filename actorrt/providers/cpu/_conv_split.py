@@ -167,6 +167,30 @@ if HAVE_SPLIT:
     CONV_ITEMS, COPY_ITEMS = _conv_items.address, _copy_items.address
     POOL_ITEMS, DW_ITEMS = _pool_items.address, _dw_items.address
 
+    from . import _dw_blocked as _dwb
+
+    # channel-blocked depthwise block: x, wt, bias, z, y (address, size each),
+    # toffs (address, size), has_z, ep (address: alpha, lo, hi), then c, h, w,
+    # oh, ow, sh, sw, pt, pl, hp, wp
+    _DWB_N = 25
+    DWB_ITEMS = 0
+    if _dwb.HAVE_KERNEL:
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _dwb_items(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_DWB_N,))
+            x = carray(_f32p(p[0]), (p[1],))
+            wt = carray(_f32p(p[2]), (p[3],))
+            bias = carray(_f32p(p[4]), (p[5],))
+            z = carray(_f32p(p[6]), (p[7],))
+            y = carray(_f32p(p[8]), (p[9],))
+            toffs = carray(_i64p(p[10]), (p[11],))
+            ep = carray(_f32p(p[13]), (3,))
+            _dwb.blocks_range(x, wt, bias, z, p[12], y, toffs, p[14], p[15], p[16], p[17], p[18],
+                              p[19], p[20], p[21], p[22], p[23], p[24], ep[0], ep[1], ep[2],
+                              i0, i1)
+
+        DWB_ITEMS = _dwb_items.address
+
     from numba import njit
 
     # the per-call slots of a template block (its constants are already in)
@@ -432,4 +456,21 @@ def depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray, z: np.ndarray, y: 
                        strides[0], strides[1], dilations[0], dilations[1], pads_begin[0],
                        pads_begin[1], int(has_z), int(tile)], np.int64)
     _run(team, DW_ITEMS, params, y.shape[0] * y.shape[1], threads)
+    return True
+
+
+def depthwise_blocks(x, wt, bias, z, has_z: int, y, toffs, ints, ep: np.ndarray, items: int,
+                     threads: int) -> bool:
+    """:mod:`._dw_blocked`'s items ``0 .. items - 1`` (its ``_blocks``
+    arguments: flat float32 ``x``, ``wt``, ``bias``, ``z``, ``y``; int64
+    ``toffs``; ``ints`` ``(c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)``; ``ep``
+    ``[alpha, lo, hi]`` float32) on the caller and its partners. False
+    (nothing done) without a team (:func:`team_for`) or the kernel."""
+    team = team_for(threads)
+    if team is None or not DWB_ITEMS:
+        return False
+    params = np.array([_addr(x), x.size, _addr(wt), wt.size, _addr(bias), bias.size,
+                       _addr(z), z.size, _addr(y), y.size, _addr(toffs), toffs.size, has_z,
+                       _addr(ep), *ints], np.int64)
+    _run(team, DWB_ITEMS, params, items, threads)
     return True

@@ -212,8 +212,9 @@ class Conv(_PackedWeightConv):
 
     def _depthwise(self, x, w, b, z, act: str, params=()):
         """A 2-D depthwise conv (one input channel per group) with bias, Z and
-        the activation in the compiled kernel's store
-        (:func:`._conv_numba.depthwise2d`), or None where that path does not
+        the activation in the compiled kernel's store (small planes:
+        :mod:`._dw_blocked`'s 16-channel blocks; else
+        :func:`._conv_numba.depthwise2d`'s planes), or None where that path does not
         apply (numba missing, dtype, rank, not depthwise, an activation the
         store lacks, shapes the other paths reject with their own errors)."""
         from . import _conv_direct as cdr, _conv_util as cu
@@ -238,6 +239,20 @@ class Conv(_PackedWeightConv):
         if z is not None and z.shape != (x.shape[0], m, *out):
             return None
         alpha, lo, hi = ap
+        from . import _dw_blocked as dwb
+        if x.dtype == np.float32 and dwb.applies(x.shape, w.shape, group, out):
+            if self._wpack is not None:  # a constant weight: packed once
+                wt = self._cached("_dwb_cache", w.shape, lambda: dwb.pack(w, None)[0])
+                bt = dwb.pack_bias(b, x.shape[1])
+            else:
+                wt, bt = dwb.pack(w, b)
+            work = x.shape[0] * m * out[0] * out[1] * kernel[0] * kernel[1]
+            from . import _conv_split
+            threads = cdr.current_threads() if work >= _conv_split.MIN_DEPTHWISE_WORK else 1
+            y = dwb.run(x, wt, bt, kernel, strides, dil, pb, out, z, alpha, lo, hi, threads)
+            tracing.kernel_variant("conv", "depthwise", "kernel=%s, channel blocks", kernel)
+            tracing.kernel_variant("conv_impl", "compiled")
+            return y
         y = cn.depthwise2d(x, w, strides, dil, pb, out, b, z, alpha, lo, hi)
         tracing.kernel_variant("conv", "depthwise", "kernel=%s, epilogue in the store", kernel)
         tracing.kernel_variant("conv_impl", "compiled")

@@ -519,7 +519,8 @@ def test_absent_residual_operand_spans_the_output(case, residual, threads, monke
     masked load whose masked-off lanes reach a page not present, unmapped or
     never touched, is a microcode assist on AMD Zen: 1.1-8x the conv's time).
     Checked on every call of the direct kernel's rows, its partner split,
-    the depthwise planes and their split; values as onnxruntime's."""
+    the depthwise planes, the channel-blocked depthwise kernel and their
+    splits; values as onnxruntime's."""
     if not (_conv_numba.HAVE_NUMBA and _conv_direct.HAVE_KERNEL):
         pytest.skip("the compiled kernels are not built")
     from actorrt.providers.cpu import _conv_split
@@ -539,6 +540,11 @@ def test_absent_residual_operand_spans_the_output(case, residual, threads, monke
     monkeypatch.setattr(_conv_split, "conv_rows", wrap(_conv_split.conv_rows, 4, 6, 7))
     monkeypatch.setattr(_conv_numba, "_depthwise_serial", wrap(_conv_numba._depthwise_serial, 4, 3, 12))
     monkeypatch.setattr(_conv_split, "depthwise", wrap(_conv_split.depthwise, 4, 3, 9))
+    from actorrt.providers.cpu import _dw_blocked
+    if _dw_blocked.HAVE_KERNEL:  # the channel-blocked depthwise kernel and its split
+        monkeypatch.setattr(_dw_blocked, "_blocks", wrap(_dw_blocked._blocks, 5, 3, 4))
+        monkeypatch.setattr(_conv_split, "depthwise_blocks",
+                            wrap(_conv_split.depthwise_blocks, 5, 3, 4))
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0 if threads > 1 else 1 << 62)
     monkeypatch.setattr(_conv_split, "MIN_CONV_FLOPS", 0 if threads > 1 else 1 << 62)
     monkeypatch.setattr(_conv_split, "MIN_DEPTHWISE_WORK", 0 if threads > 1 else 1 << 62)

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _partner, _pool_direct, _pool_flat
+from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _dw_blocked, _partner, _pool_direct, \
+    _pool_flat
 
 from .test_conv_compiled import CASES as CONV_CASES, WIDE_CASES, _model
 from .test_pool_compiled import CASES as POOL_CASES
@@ -89,7 +90,11 @@ def test_conv_split_matches_onnxruntime(case, mode, monkeypatch, posted):
     if mode != "partners" or not _conv_split.HAVE_SPLIT:
         assert not fns
     elif depthwise:
-        assert fns == ({_conv_split.DW_ITEMS} if n * m > 1 else set())
+        oh, ow = want.shape[2:]
+        if _dw_blocked.applies(x.shape, (m, 1, *case[5]), g, (oh, ow)):  # 16-channel blocks
+            assert fns == ({_conv_split.DWB_ITEMS} if n * -(-c // 16) > 1 else set())
+        else:
+            assert fns == ({_conv_split.DW_ITEMS} if n * m > 1 else set())
     elif direct:  # (one work item, as a 3x3 output in one tile: nothing to split)
         assert fns <= {_conv_split.CONV_ITEMS, _conv_split.COPY_ITEMS}
         if case in MORE_CONV_CASES:

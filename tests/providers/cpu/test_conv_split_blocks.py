@@ -15,7 +15,8 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _pool_direct, _pool_flat
+from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _dw_blocked, _pool_direct, \
+    _pool_flat
 
 from .test_conv_compiled import _model
 from .test_conv_split import MORE_CONV_CASES
@@ -27,7 +28,10 @@ needs_split = pytest.mark.skipif(not _conv_split.HAVE_SPLIT,
 
 
 def _force_split(monkeypatch):
-    """The split at any size (the thresholds 0)."""
+    """The split at any size (the thresholds 0); depthwise convs on the plane
+    kernel, whose template blocks these tests check (the channel-blocked
+    kernel posts a per-call block: tests/providers/cpu/test_dw_blocked.py)."""
+    monkeypatch.setattr(_dw_blocked, "ENABLED", False)
     monkeypatch.setattr(_conv_direct, "PARALLEL_MIN_FLOPS", 0)
     monkeypatch.setattr(_conv_direct, "MIN_REDUCTION", 1)
     monkeypatch.setattr(_conv_numba, "PARALLEL_MIN_WORK", 0)

@@ -1,0 +1,326 @@
+"""Channel-blocked depthwise convolution for small planes: 16 channels a
+vector, onnxruntime's NCHWc arrangement formed per call from NCHW data.
+
+On a small plane (7x7, 14x14) the plane-at-a-time kernel of
+:mod:`._conv_numba` spends most of its time on per-row work (copy a row in,
+sum a few vectors, store a row out): 150-300 ns a channel where onnxruntime's
+NCHWc kernel takes 26-100. Here each block of 16 channels is gathered once,
+pixel by pixel (``llvm.masked.gather``, lane ``l`` from channel ``c0 + l``),
+into a zero-padded channels-last scratch ``xs (HP, WP, 16)``; every output
+pixel is then ``bias + sum_k w[k] * xs[pixel + tap_k]`` over ``<16 x float>``
+vectors (one FMA per tap for 16 channels), :data:`PIXELS` pixels of a row per
+step so each weight vector is loaded once for them; the epilogue's result
+goes to a channels-last output scratch, and each channel's plane is gathered
+back from it (contiguous masked stores: cheaper here than scattering every
+pixel to 16 planes, 14x14: 44 -> 39 us for 272 channels).
+
+* :data:`HAVE_KERNEL` -- built (numba, AVX-512 16-lane vectors).
+* :func:`applies` -- whether a depthwise conv of these shapes takes this kernel.
+* :func:`pack` -- weights ``(C, 1, KH, KW)`` and bias to ``(C/16, KH*KW, 16)``
+  / ``(C/16 * 16,)`` blocks, zero-padded channels.
+* :func:`run` -- ``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v =
+  conv(x, w) + bias (+ z)``, float32 ``x (N, C, H, W)`` -> ``y (N, C, OH, OW)``;
+  channel blocks split over the intra-op threads (the compiled partners of
+  :mod:`._conv_split`, else :func:`._parallel.run_chunks`).
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import numpy as np
+
+from . import _conv_tiles as _ct
+
+__all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "applies", "pack", "pack_bias", "run"]
+
+#: lanes of a channel block (one ``<16 x float>`` vector)
+LANES = 16
+#: output pixels a step (each weight vector loaded once for them)
+PIXELS = 4
+HAVE_KERNEL = _ct.HAVE_KERNEL and _ct.VW == LANES
+#: take this kernel where :func:`applies` (off: the plane kernel everywhere)
+ENABLED = True
+#: ... for output planes of at most this many pixels: per channel, one
+#: thread, 3x3 (plane kernel -> this one): 7x7 165 -> 47 ns, 14x14 288 -> 144,
+#: 20x20 453 -> 266, 28x28 662 -> 659, 40x40 1,080 -> 1,345 (docs/speed.md
+#: round 13)
+MAX_PIXELS = 400
+#: ... and channels filling at least this share of their 16-lane blocks (17
+#: channels in two blocks: 190 -> 254 ns a channel on 5x5)
+MIN_FILL = 0.75
+
+if HAVE_KERNEL:
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+    _V = ir.VectorType
+    _as_i64, _splat, _vptr = _ct.as_i64, _ct.splat, _ct.vec_ptr
+
+    def _fns(builder):
+        vf, vp, mask_t = _V(_f32, LANES), _V(_f32.as_pointer(), LANES), _V(_i1, LANES)
+        gather = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vp, _i32, mask_t, vf]),
+            f"llvm.masked.gather.v{LANES}f32.v{LANES}p0f32")
+        return vf, gather
+
+    def _lane_addresses(builder, base_ptr, off, stride):
+        """Pointers ``base + (off + l * stride)`` floats, ``l < 16``."""
+        vp = _V(_f32.as_pointer(), LANES)
+        lanes = ir.Constant(_V(_i64, LANES), list(range(LANES)))
+        rel = builder.mul(lanes, _splat(builder, builder.mul(stride, _i64(4)), LANES))
+        at = _splat(builder, builder.add(builder.ptrtoint(base_ptr, _i64),
+                                         builder.mul(off, _i64(4))), LANES)
+        return builder.inttoptr(builder.add(at, rel), vp)
+
+    def _lanes_below(builder, n):
+        return builder.icmp_signed("<", ir.Constant(_V(_i64, LANES), list(range(LANES))),
+                                   _splat(builder, n, LANES))
+
+    def _gather_codegen(context, builder, sig, args):
+        """``xs[xs_off + l] = x[x_off + l * stride]`` for ``l < nvalid``, 0 for
+        the other lanes (one pixel of 16 channels, channels-last)."""
+        xa, sa = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4))
+        x_off, stride, nvalid, xs_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5))
+        vf, gather = _fns(builder)
+        v = builder.call(gather, [_lane_addresses(builder, xa, x_off, stride), _i32(4),
+                                  _lanes_below(builder, nvalid), ir.Constant(vf, [0.0] * LANES)])
+        builder.store(v, _vptr(builder, sa, xs_off, LANES), align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def _gather_pixel(typingctx, x, x_off, stride, nvalid, xs, xs_off):
+        if getattr(x, "dtype", None) != types.float32 or getattr(xs, "dtype", None) != types.float32:
+            return None
+        return types.void(x, x_off, stride, nvalid, xs, xs_off), _gather_codegen
+
+    def _pixels_codegen(context, builder, sig, args):
+        """Up to :data:`PIXELS` output pixels of one row for 16 channels:
+        ``acc_p = sum_k wt[wo + 16k : +16] * xs[x_off + p * x_step + toffs[k] :
+        +16]``, then ``v = acc_p + bias[bo : +16] (+ z: lanes ``l < nvalid``
+        of ``z[y_off + p + l * y_stride]``), the epilogue, stored to
+        ``out[(o_off + p) * 16 : +16]`` (pixels ``p < npix``)."""
+        (xa, ta, wa, ba, za, oa) = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                                    for i in (0, 4, 6, 8, 14, 19))
+        x_off, x_step, npix, kk, wo, bo, y_off, y_stride, nvalid, has_z, o_off = (
+            _as_i64(builder, args[i]) for i in (1, 2, 3, 5, 7, 9, 11, 12, 13, 15, 20))
+        alpha, lo, hi = args[16], args[17], args[18]
+        vf, gather = _fns(builder)
+        fast = ("fast",)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        # pixels past npix read pixel 0's taps (addresses that exist); not stored
+        pofs = [builder.select(builder.icmp_signed("<", _i64(p), npix),
+                               builder.mul(_i64(p), x_step), _i64(0)) for p in range(PIXELS)]
+        entry, loop, done, k, accs = _ct_open_loop(builder, kk, PIXELS, zero)
+        t = builder.load(builder.gep(ta, [k]))
+        wv = builder.load(_vptr(builder, wa, builder.add(wo, builder.mul(k, _i64(LANES))), LANES),
+                          align=4)
+        base = builder.add(x_off, t)
+        new = []
+        for p in range(PIXELS):
+            xv = builder.load(_vptr(builder, xa, builder.add(base, pofs[p]), LANES), align=4)
+            new.append(builder.fadd(accs[p], builder.fmul(wv, xv, flags=fast), flags=fast))
+        finals = _ct_close_loop(builder, kk, entry, loop, done, k, accs, new, zero)
+        bv = builder.load(_vptr(builder, ba, bo, LANES), align=4)
+        alv, lov, hiv = (_splat(builder, s, LANES) for s in (alpha, lo, hi))
+        ch_ok = _lanes_below(builder, nvalid)
+        for p in range(PIXELS):
+            ok = builder.and_(ch_ok, _splat(builder, builder.icmp_signed("<", _i64(p), npix),
+                                            LANES, ty=_i1))
+            at = builder.add(y_off, _i64(p))
+            zp = _lane_addresses(builder, za, at, y_stride)
+            v = builder.fadd(finals[p], bv, flags=fast)
+            v = _add_z(builder, v, zp, ok, has_z, gather, zero)
+            v = builder.select(builder.fcmp_ordered("<", v, zero), builder.fmul(v, alv, flags=fast), v)
+            v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+            v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+            with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
+                builder.store(v, _vptr(builder, oa, builder.mul(builder.add(o_off, _i64(p)),
+                                                                _i64(LANES)), LANES), align=4)
+        return context.get_dummy_value()
+
+    def _add_z(builder, v, zp, ok, has_z, gather, zero):
+        """``v + z`` (the lanes ``ok`` gathered from ``zp``) where ``has_z``,
+        else ``v``: the gather only on the branch that needs it (a gather
+        with every lane masked off still costs its issue on AMD Zen)."""
+        before = builder.block
+        with builder.if_then(builder.icmp_signed("!=", has_z, _i64(0)), likely=False):
+            zv = builder.call(gather, [zp, _i32(4), ok, zero])
+            with_z = builder.fadd(v, zv, flags=("fast",))
+            then = builder.block
+        phi = builder.phi(v.type)
+        phi.add_incoming(v, before)
+        phi.add_incoming(with_z, then)
+        return phi
+
+    def _ct_open_loop(builder, n, naccs, zero):
+        entry = builder.block
+        loop = builder.append_basic_block("dwb.loop")
+        done = builder.append_basic_block("dwb.done")
+        builder.cbranch(builder.icmp_signed(">", n, _i64(0)), loop, done)
+        builder.position_at_end(loop)
+        k = builder.phi(_i64)
+        k.add_incoming(_i64(0), entry)
+        accs = [builder.phi(zero.type) for _ in range(naccs)]
+        for phi in accs:
+            phi.add_incoming(zero, entry)
+        return entry, loop, done, k, accs
+
+    def _ct_close_loop(builder, n, entry, loop, done, k, accs, new, zero):
+        k1 = builder.add(k, _i64(1))
+        k.add_incoming(k1, loop)
+        for phi, val in zip(accs, new):
+            phi.add_incoming(val, loop)
+        builder.cbranch(builder.icmp_signed("<", k1, n), loop, done)
+        builder.position_at_end(done)
+        finals = []
+        for val in new:
+            phi = builder.phi(zero.type)
+            phi.add_incoming(zero, entry)
+            phi.add_incoming(val, loop)
+            finals.append(phi)
+        return finals
+
+    @intrinsic
+    def _pixels(typingctx, xs, x_off, x_step, npix, toffs, kk, wt, wo, bias, bo, y, y_off,
+                y_stride, nvalid, z, has_z, alpha, lo, hi, out, o_off):
+        if any(getattr(a, "dtype", None) != types.float32 for a in (xs, wt, bias, y, z, out)) or \
+                any(f != types.float32 for f in (alpha, lo, hi)):
+            return None
+        return (types.void(xs, x_off, x_step, npix, toffs, kk, wt, wo, bias, bo, y, y_off,
+                           y_stride, nvalid, z, has_z, alpha, lo, hi, out, o_off),
+                _pixels_codegen)
+
+    def _gather_store_codegen(context, builder, sig, args):
+        """``dst[d_off + i] = src[s_off + i * stride]`` for ``i < n`` (n <= 16;
+        nothing else written)."""
+        sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4))
+        s_off, stride, n, d_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5))
+        vf, gather = _fns(builder)
+        mask = _lanes_below(builder, n)
+        v = builder.call(gather, [_lane_addresses(builder, sa, s_off, stride), _i32(4), mask,
+                                  ir.Constant(vf, [0.0] * LANES)])
+        mstore = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vf, vf.as_pointer(), _i32,
+                                                            _V(_i1, LANES)]),
+            f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32")
+        builder.call(mstore, [v, _vptr(builder, da, d_off, LANES), _i32(4), mask])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def _gather_store(typingctx, src, s_off, stride, n, dst, d_off):
+        if getattr(src, "dtype", None) != types.float32 or getattr(dst, "dtype", None) != types.float32:
+            return None
+        return types.void(src, s_off, stride, n, dst, d_off), _gather_store_codegen
+
+    @njit(nogil=True, cache=True)
+    def _blocks(x, wt, bias, z, has_z, y, toffs, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp,
+                alpha, lo, hi, start, stop):  # pragma: no cover - compiled
+        """Items ``[start, stop)`` = image * channel blocks + block: gather
+        the block's 16 input planes into the padded channels-last scratch,
+        then every output row in steps of :data:`PIXELS` pixels. ``x``, ``z``
+        and ``y`` flat; ``toffs`` each tap's element offset in the scratch."""
+        xs = np.zeros(hp * wp * LANES, np.float32)  # the pads stay zero
+        os_ = np.empty(oh * ow * LANES, np.float32)
+        nb = (c + LANES - 1) // LANES
+        hw = h * w
+        ohw = oh * ow
+        kk = toffs.size
+        for t in range(start, stop):
+            n = t // nb
+            cb = t % nb
+            c0 = cb * LANES
+            nvalid = min(LANES, c - c0)
+            xb = (n * c + c0) * hw
+            for iy in range(h):
+                row = ((iy + pt) * wp + pl) * LANES
+                for ix in range(w):
+                    _gather_pixel(x, xb + iy * w + ix, hw, nvalid, xs, row + ix * LANES)
+            yb = (n * c + c0) * ohw
+            for oy in range(oh):
+                xrow = oy * sh * wp * LANES
+                for ox in range(0, ow, PIXELS):
+                    _pixels(xs, xrow + ox * sw * LANES, sw * LANES, min(PIXELS, ow - ox), toffs,
+                            kk, wt, cb * kk * LANES, bias, c0, y, yb + oy * ow + ox, ohw, nvalid,
+                            z, has_z, alpha, lo, hi, os_, oy * ow + ox)
+            for l in range(nvalid):
+                for p0 in range(0, ohw, LANES):
+                    _gather_store(os_, p0 * LANES + l, LANES, min(LANES, ohw - p0), y,
+                                  yb + l * ohw + p0)
+
+    #: public name of :func:`_blocks` (the compiled split of :mod:`._conv_split`)
+    blocks_range = _blocks
+
+
+def applies(x_shape, w_shape, group: int, out_shape) -> bool:
+    """A 2-D depthwise conv (one output channel per input channel) whose
+    output plane has at most :data:`MAX_PIXELS` pixels and whose channels
+    fill at least :data:`MIN_FILL` of their 16-channel blocks."""
+    if not (HAVE_KERNEL and ENABLED and len(x_shape) == 4 and len(w_shape) == 4):
+        return False
+    c = x_shape[1]
+    return group == c == w_shape[0] and w_shape[1] == 1 and \
+        out_shape[0] * out_shape[1] <= MAX_PIXELS and c >= MIN_FILL * LANES * -(-c // LANES)
+
+
+def pack(w: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray]:
+    """``w (C, 1, KH, KW)`` -> ``(ceil(C/16), KH*KW, 16)`` float32 (flat), and
+    :func:`pack_bias` of ``bias``; padded channels 0."""
+    c, kk = w.shape[0], w.shape[2] * w.shape[3]
+    nb = -(-c // LANES)
+    wt = np.zeros((nb * LANES, kk), np.float32)
+    wt[:c] = np.asarray(w, np.float32).reshape(c, kk)
+    return np.ascontiguousarray(wt.reshape(nb, LANES, kk).transpose(0, 2, 1)).reshape(-1), \
+        pack_bias(bias, c)
+
+
+def pack_bias(bias, c: int) -> np.ndarray:
+    """``bias (C,)`` or None -> ``(ceil(C/16) * 16,)`` float32, padded with 0."""
+    b = np.zeros(-(-c // LANES) * LANES, np.float32)
+    if bias is not None:
+        b[:c] = np.asarray(bias, np.float32).reshape(c)
+    return b
+
+
+def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, kernel, strides, dilations,
+        pads_begin, out_shape, z=None, alpha: float = 1.0, lo: float = -np.inf,
+        hi: float = np.inf, threads: int = 1) -> np.ndarray:
+    """The depthwise conv of float32 ``x (N, C, H, W)`` with :func:`pack`'s
+    ``wt`` / ``bias``: ``y (N, C, OH, OW)`` float32, ``z`` (optional) a
+    residual of y's shape, the epilogue ``min(max(where(v < 0, alpha*v, v),
+    lo), hi)``. Pads at the end are implied by ``out_shape``."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    sh, sw = strides
+    dh, dw = dilations
+    pt, pl = pads_begin
+    oh, ow = out_shape
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
+    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
+    toffs = np.array([(i * dh * wp + j * dw) * LANES for i in range(kh) for j in range(kw)],
+                     np.int64)
+    y = np.empty((n, c, oh, ow), np.float32)
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    yf = y.reshape(-1)
+    # without z the masked-off z gathers address y itself (never a page that
+    # is not present: docs/speed.md round 11)
+    zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
+    ints = (c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)
+    has_z = 0 if z is None else 1
+    args = (xf, wt, bias, zf, has_z, yf, toffs, *ints, np.float32(alpha), np.float32(lo),
+            np.float32(hi))
+    items = n * -(-c // LANES)
+    if threads > 1 and items > 1:
+        from . import _conv_split, _parallel
+        if _conv_split.depthwise_blocks(xf, wt, bias, zf, has_z, yf, toffs, ints,
+                                        np.array([alpha, lo, hi], np.float32), items, threads):
+            return y  # on the compiled partner threads
+        per = -(-items // threads)
+        _parallel.run_chunks(lambda i: _blocks(*args, i * per, min(items, (i + 1) * per)),
+                             -(-items // per), threads)
+    else:
+        _blocks(*args, 0, items)
+    return y

@@ -1,18 +1,19 @@
 """Channel-blocked depthwise convolution for small planes: 16 channels a
 vector, onnxruntime's NCHWc arrangement formed per call from NCHW data.
 
-On a small plane (7x7, 14x14) the plane-at-a-time kernel of
+On small and mid-sized planes (7x7 to 56x56) the plane-at-a-time kernel of
 :mod:`._conv_numba` spends most of its time on per-row work (copy a row in,
-sum a few vectors, store a row out): 150-300 ns a channel where onnxruntime's
-NCHWc kernel takes 26-100. Here each block of 16 channels is gathered once,
-pixel by pixel (``llvm.masked.gather``, lane ``l`` from channel ``c0 + l``),
-into a zero-padded channels-last scratch ``xs (HP, WP, 16)``; every output
-pixel is then ``bias + sum_k w[k] * xs[pixel + tap_k]`` over ``<16 x float>``
-vectors (one FMA per tap for 16 channels), :data:`PIXELS` pixels of a row per
-step so each weight vector is loaded once for them; the epilogue's result
-goes to a channels-last output scratch, and each channel's plane is gathered
-back from it (contiguous masked stores: cheaper here than scattering every
-pixel to 16 planes, 14x14: 44 -> 39 us for 272 channels).
+sum a few vectors, store a row out): 150-300 ns a channel on 7x7 / 14x14
+where onnxruntime's NCHWc kernel takes 26-100. Here a block of 16 channels
+is moved into a zero-padded channels-last scratch ``xs (HP, WP, 16)`` by 16 x
+16 in-register transposes (16 flat pixels of the 16 planes per step, each
+pixel vector stored at its padded place); every output pixel is then ``bias +
+sum_k w[k] * xs[pixel + tap_k]`` over ``<16 x float>`` vectors (one FMA per
+tap for 16 channels), :data:`PIXELS` pixels of a row per step so each weight
+vector is loaded once for them; the epilogue's results go to a channels-last
+output scratch that the same transposes turn back into the 16 planes.
+(Per-pixel ``llvm.masked.gather`` / scatter instead of the transposes: 1.6-2x
+the time, docs/speed.md round 13.)
 
 * :data:`HAVE_KERNEL` -- built (numba, AVX-512 16-lane vectors).
 * :func:`applies` -- whether a depthwise conv of these shapes takes this kernel.
@@ -42,10 +43,11 @@ HAVE_KERNEL = _ct.HAVE_KERNEL and _ct.VW == LANES
 #: take this kernel where :func:`applies` (off: the plane kernel everywhere)
 ENABLED = True
 #: ... for output planes of at most this many pixels: per channel, one
-#: thread, 3x3 (plane kernel -> this one): 7x7 165 -> 47 ns, 14x14 288 -> 144,
-#: 20x20 453 -> 266, 28x28 662 -> 659, 40x40 1,080 -> 1,345 (docs/speed.md
+#: thread, 3x3 (plane kernel -> this one): 7x7 176 -> 31 ns, 14x14 308 -> 96,
+#: 28x28 stride 2 660 -> 189, 40x40 1,153 -> 628, 56x56 1,797 -> 1,537,
+#: 112x112 stride 2 4,156 -> 2,671; 112x112 4,883 -> 6,414 (docs/speed.md
 #: round 13)
-MAX_PIXELS = 400
+MAX_PIXELS = 3200
 #: ... and channels filling at least this share of their 16-lane blocks (17
 #: channels in two blocks: 190 -> 254 ns a channel on 5x5)
 MIN_FILL = 0.75
@@ -79,23 +81,6 @@ if HAVE_KERNEL:
     def _lanes_below(builder, n):
         return builder.icmp_signed("<", ir.Constant(_V(_i64, LANES), list(range(LANES))),
                                    _splat(builder, n, LANES))
-
-    def _gather_codegen(context, builder, sig, args):
-        """``xs[xs_off + l] = x[x_off + l * stride]`` for ``l < nvalid``, 0 for
-        the other lanes (one pixel of 16 channels, channels-last)."""
-        xa, sa = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4))
-        x_off, stride, nvalid, xs_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5))
-        vf, gather = _fns(builder)
-        v = builder.call(gather, [_lane_addresses(builder, xa, x_off, stride), _i32(4),
-                                  _lanes_below(builder, nvalid), ir.Constant(vf, [0.0] * LANES)])
-        builder.store(v, _vptr(builder, sa, xs_off, LANES), align=4)
-        return context.get_dummy_value()
-
-    @intrinsic
-    def _gather_pixel(typingctx, x, x_off, stride, nvalid, xs, xs_off):
-        if getattr(x, "dtype", None) != types.float32 or getattr(xs, "dtype", None) != types.float32:
-            return None
-        return types.void(x, x_off, stride, nvalid, xs, xs_off), _gather_codegen
 
     def _pixels_codegen(context, builder, sig, args):
         """Up to :data:`PIXELS` output pixels of one row for 16 channels:
@@ -194,27 +179,91 @@ if HAVE_KERNEL:
                            y_stride, nvalid, z, has_z, alpha, lo, hi, out, o_off),
                 _pixels_codegen)
 
-    def _gather_store_codegen(context, builder, sig, args):
-        """``dst[d_off + i] = src[s_off + i * stride]`` for ``i < n`` (n <= 16;
-        nothing else written)."""
-        sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4))
-        s_off, stride, n, d_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5))
-        vf, gather = _fns(builder)
-        mask = _lanes_below(builder, n)
-        v = builder.call(gather, [_lane_addresses(builder, sa, s_off, stride), _i32(4), mask,
-                                  ir.Constant(vf, [0.0] * LANES)])
+    def _transpose16(builder, rows):
+        """The 16 x 16 transpose of ``rows`` (16 ``<16 x float>``): four
+        butterfly stages, each swapping the off-diagonal ``b x b`` blocks of
+        every ``2b x 2b`` block (``b`` = 1, 2, 4, 8; 64 two-source shuffles)."""
+        rows = list(rows)
+        vi = _V(_i32, LANES)
+        for b in (1, 2, 4, 8):
+            lo_mask = ir.Constant(vi, [j if not j & b else LANES + (j ^ b) for j in range(LANES)])
+            hi_mask = ir.Constant(vi, [(j ^ b) if not j & b else LANES + j for j in range(LANES)])
+            for i in range(LANES):
+                if i & b:
+                    continue
+                a, c = rows[i], rows[i | b]
+                rows[i] = builder.shuffle_vector(a, c, lo_mask)
+                rows[i | b] = builder.shuffle_vector(a, c, hi_mask)
+        return rows
+
+    def _mload_store_fns(builder):
+        vf, mask_t = _V(_f32, LANES), _V(_i1, LANES)
+        mload = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf.as_pointer(), _i32, mask_t, vf]),
+            f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32")
         mstore = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [vf, vf.as_pointer(), _i32,
-                                                            _V(_i1, LANES)]),
+            builder.module, ir.FunctionType(ir.VoidType(), [vf, vf.as_pointer(), _i32, mask_t]),
             f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32")
-        builder.call(mstore, [v, _vptr(builder, da, d_off, LANES), _i32(4), mask])
+        return mload, mstore
+
+    def _planes_in_codegen(context, builder, sig, args):
+        """Pixels ``p0 .. p0 + count - 1`` (``count <= 16``) of 16 channel
+        planes into the channels-last scratch: row ``l < nvalid`` of the
+        16 x 16 block is ``x[x_off + l * hw + p0 :][:count]`` (masked loads;
+        other rows 0), transposed, pixel ``i`` stored at ``xs[dst[p0 + i] :
+        +16]``."""
+        xa, sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                      for i in (0, 5, 6))
+        x_off, hw, nvalid, p0, count = (_as_i64(builder, args[i]) for i in (1, 2, 3, 4, 7))
+        vf = _V(_f32, LANES)
+        mload, _ = _mload_store_fns(builder)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        cols = _lanes_below(builder, count)
+        rows = []
+        for l in range(LANES):
+            ok = builder.and_(cols, _splat(builder, builder.icmp_signed("<", _i64(l), nvalid),
+                                           LANES, ty=_i1))
+            at = builder.add(builder.add(x_off, builder.mul(_i64(l), hw)), p0)
+            rows.append(builder.call(mload, [_vptr(builder, xa, at, LANES), _i32(4), ok, zero]))
+        for i, v in enumerate(_transpose16(builder, rows)):
+            with builder.if_then(builder.icmp_signed("<", _i64(i), count), likely=True):
+                d = builder.load(builder.gep(da, [builder.add(p0, _i64(i))]))
+                builder.store(v, _vptr(builder, sa, d, LANES), align=4)
         return context.get_dummy_value()
 
     @intrinsic
-    def _gather_store(typingctx, src, s_off, stride, n, dst, d_off):
-        if getattr(src, "dtype", None) != types.float32 or getattr(dst, "dtype", None) != types.float32:
+    def _planes_in(typingctx, x, x_off, hw, nvalid, p0, xs, dst, count):
+        if getattr(x, "dtype", None) != types.float32 or getattr(xs, "dtype", None) != types.float32:
             return None
-        return types.void(src, s_off, stride, n, dst, d_off), _gather_store_codegen
+        return types.void(x, x_off, hw, nvalid, p0, xs, dst, count), _planes_in_codegen
+
+    def _planes_out_codegen(context, builder, sig, args):
+        """The inverse for the output: pixel vectors ``out[(p0 + i) * 16 :
+        +16]``, ``i < count``, transposed, channel ``l < nvalid``'s row stored
+        to ``y[y_off + l * ohw + p0 :][:count]`` (masked)."""
+        oa, ya = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2))
+        p0, y_off, ohw, nvalid, count = (_as_i64(builder, args[i]) for i in (1, 3, 4, 5, 6))
+        vf = _V(_f32, LANES)
+        _, mstore = _mload_store_fns(builder)
+        rows = []
+        for i in range(LANES):  # pixels past count read pixel 0 (stored nowhere)
+            at = builder.select(builder.icmp_signed("<", _i64(i), count),
+                                builder.mul(builder.add(p0, _i64(i)), _i64(LANES)),
+                                builder.mul(p0, _i64(LANES)))
+            rows.append(builder.load(_vptr(builder, oa, at, LANES), align=4))
+        cols = _lanes_below(builder, count)
+        for l, v in enumerate(_transpose16(builder, rows)):
+            ok = builder.and_(cols, _splat(builder, builder.icmp_signed("<", _i64(l), nvalid),
+                                           LANES, ty=_i1))
+            at = builder.add(builder.add(y_off, builder.mul(_i64(l), ohw)), p0)
+            builder.call(mstore, [v, _vptr(builder, ya, at, LANES), _i32(4), ok])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def _planes_out(typingctx, out, p0, y, y_off, ohw, nvalid, count):
+        if getattr(out, "dtype", None) != types.float32 or getattr(y, "dtype", None) != types.float32:
+            return None
+        return types.void(out, p0, y, y_off, ohw, nvalid, count), _planes_out_codegen
 
     @njit(nogil=True, cache=True)
     def _blocks(x, wt, bias, z, has_z, y, toffs, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp,
@@ -229,16 +278,18 @@ if HAVE_KERNEL:
         hw = h * w
         ohw = oh * ow
         kk = toffs.size
+        dst = np.empty(hw, np.int64)  # each input pixel's place in the scratch
+        for iy in range(h):
+            for ix in range(w):
+                dst[iy * w + ix] = ((iy + pt) * wp + ix + pl) * LANES
         for t in range(start, stop):
             n = t // nb
             cb = t % nb
             c0 = cb * LANES
             nvalid = min(LANES, c - c0)
             xb = (n * c + c0) * hw
-            for iy in range(h):
-                row = ((iy + pt) * wp + pl) * LANES
-                for ix in range(w):
-                    _gather_pixel(x, xb + iy * w + ix, hw, nvalid, xs, row + ix * LANES)
+            for p0 in range(0, hw, LANES):
+                _planes_in(x, xb, hw, nvalid, p0, xs, dst, min(LANES, hw - p0))
             yb = (n * c + c0) * ohw
             for oy in range(oh):
                 xrow = oy * sh * wp * LANES
@@ -246,10 +297,8 @@ if HAVE_KERNEL:
                     _pixels(xs, xrow + ox * sw * LANES, sw * LANES, min(PIXELS, ow - ox), toffs,
                             kk, wt, cb * kk * LANES, bias, c0, y, yb + oy * ow + ox, ohw, nvalid,
                             z, has_z, alpha, lo, hi, os_, oy * ow + ox)
-            for l in range(nvalid):
-                for p0 in range(0, ohw, LANES):
-                    _gather_store(os_, p0 * LANES + l, LANES, min(LANES, ohw - p0), y,
-                                  yb + l * ohw + p0)
+            for p0 in range(0, ohw, LANES):
+                _planes_out(os_, p0, y, yb, ohw, nvalid, min(LANES, ohw - p0))
 
     #: public name of :func:`_blocks` (the compiled split of :mod:`._conv_split`)
     blocks_range = _blocks

@@ -169,10 +169,10 @@ if HAVE_SPLIT:
 
     from . import _dw_blocked as _dwb
 
-    # channel-blocked depthwise block: x, wt, bias, z, y (address, size each),
-    # toffs (address, size), has_z, ep (address: alpha, lo, hi), then c, h, w,
-    # oh, ow, sh, sw, pt, pl, hp, wp
-    _DWB_N = 25
+    # channel-blocked depthwise / pool block: x, wt, bias, z, y, toffs, cnt
+    # (address, size each), has_z, ep (address: alpha, lo, hi), then mode, c,
+    # h, w, oh, ow, sh, sw, pt, pl, hp, wp
+    _DWB_N = 28
     DWB_ITEMS = 0
     if _dwb.HAVE_KERNEL:
         @cfunc(_SIG, nogil=True, cache=True)
@@ -184,10 +184,11 @@ if HAVE_SPLIT:
             z = carray(_f32p(p[6]), (p[7],))
             y = carray(_f32p(p[8]), (p[9],))
             toffs = carray(_i64p(p[10]), (p[11],))
-            ep = carray(_f32p(p[13]), (3,))
-            _dwb.blocks_range(x, wt, bias, z, p[12], y, toffs, p[14], p[15], p[16], p[17], p[18],
-                              p[19], p[20], p[21], p[22], p[23], p[24], ep[0], ep[1], ep[2],
-                              i0, i1)
+            cnt = carray(_f32p(p[12]), (p[13],))
+            ep = carray(_f32p(p[15]), (3,))
+            _dwb.blocks_range(x, wt, bias, z, p[14], y, toffs, cnt, p[16], p[17], p[18], p[19],
+                              p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], ep[0],
+                              ep[1], ep[2], i0, i1)
 
         DWB_ITEMS = _dwb_items.address
 
@@ -459,18 +460,19 @@ def depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray, z: np.ndarray, y: 
     return True
 
 
-def depthwise_blocks(x, wt, bias, z, has_z: int, y, toffs, ints, ep: np.ndarray, items: int,
-                     threads: int) -> bool:
+def depthwise_blocks(x, wt, bias, z, has_z: int, y, toffs, cnt, ints, ep: np.ndarray,
+                     items: int, threads: int) -> bool:
     """:mod:`._dw_blocked`'s items ``0 .. items - 1`` (its ``_blocks``
-    arguments: flat float32 ``x``, ``wt``, ``bias``, ``z``, ``y``; int64
-    ``toffs``; ``ints`` ``(c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)``; ``ep``
-    ``[alpha, lo, hi]`` float32) on the caller and its partners. False
-    (nothing done) without a team (:func:`team_for`) or the kernel."""
+    arguments: flat float32 ``x``, ``wt``, ``bias``, ``z``, ``y``, ``cnt``;
+    int64 ``toffs``; ``ints`` ``(mode, c, h, w, oh, ow, sh, sw, pt, pl, hp,
+    wp)``; ``ep`` ``[alpha, lo, hi]`` float32) on the caller and its
+    partners. False (nothing done) without a team (:func:`team_for`) or the
+    kernel."""
     team = team_for(threads)
     if team is None or not DWB_ITEMS:
         return False
     params = np.array([_addr(x), x.size, _addr(wt), wt.size, _addr(bias), bias.size,
-                       _addr(z), z.size, _addr(y), y.size, _addr(toffs), toffs.size, has_z,
-                       _addr(ep), *ints], np.int64)
+                       _addr(z), z.size, _addr(y), y.size, _addr(toffs), toffs.size,
+                       _addr(cnt), cnt.size, has_z, _addr(ep), *ints], np.int64)
     _run(team, DWB_ITEMS, params, items, threads)
     return True

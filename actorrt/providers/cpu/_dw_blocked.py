@@ -33,7 +33,8 @@ import numpy as np
 
 from . import _conv_tiles as _ct
 
-__all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "applies", "pack", "pack_bias", "run"]
+__all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "POOL_MAX_INPUT_PIXELS", "applies",
+           "pool_applies", "pack", "pack_bias", "pool", "run"]
 
 #: lanes of a channel block (one ``<16 x float>`` vector)
 LANES = 16
@@ -51,6 +52,11 @@ MAX_PIXELS = 3200
 #: ... and channels filling at least this share of their 16-lane blocks (17
 #: channels in two blocks: 190 -> 254 ns a channel on 5x5)
 MIN_FILL = 0.75
+#: MaxPool / AveragePool take the blocks for input planes of at most this many
+#: pixels (a pool's few operations a tap leave the transposes most of the
+#: time: 3x3 / 2 on 56x56 x 192 154 -> 120 us, on 112x112 x 64 190 -> 200,
+#: onnxruntime 87 / 113; docs/speed.md round 13)
+POOL_MAX_INPUT_PIXELS = 4096
 
 if HAVE_KERNEL:
     from llvmlite import ir
@@ -179,6 +185,79 @@ if HAVE_KERNEL:
                            y_stride, nvalid, z, has_z, alpha, lo, hi, out, o_off),
                 _pixels_codegen)
 
+    def _pool_pixels_codegen(is_max: bool):
+        """Up to :data:`PIXELS` output pixels of a pooling for 16 channels:
+        MaxPool IEEE ``maxNum`` over the taps in order from the first (a NaN
+        loses to a number; ``-inf`` in the padding), AveragePool the taps'
+        sum in order divided by ``cnt[o_off + p]``; stored to ``out[(o_off +
+        p) * 16 : +16]`` for ``p < npix``. No fast-math flags: NaN tests and
+        the sum's order stay as written."""
+        def codegen(context, builder, sig, args):
+            xa, ta, ca, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                              for i in (0, 4, 6, 7))
+            x_off, x_step, npix, kk, o_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5, 8))
+            vf = _V(_f32, LANES)
+            pofs = [builder.select(builder.icmp_signed("<", _i64(p), npix),
+                                   builder.mul(_i64(p), x_step), _i64(0)) for p in range(PIXELS)]
+            t0 = builder.add(x_off, builder.load(builder.gep(ta, [_i64(0)])))
+            first = [builder.load(_vptr(builder, xa, builder.add(t0, pofs[p]), LANES), align=4)
+                     for p in range(PIXELS)]
+            entry = builder.block
+            loop = builder.append_basic_block("pool.loop")
+            done = builder.append_basic_block("pool.done")
+            builder.cbranch(builder.icmp_signed(">", kk, _i64(1)), loop, done)
+            builder.position_at_end(loop)
+            k = builder.phi(_i64)
+            k.add_incoming(_i64(1), entry)
+            accs = [builder.phi(vf) for _ in range(PIXELS)]
+            for phi, v in zip(accs, first):
+                phi.add_incoming(v, entry)
+            base = builder.add(x_off, builder.load(builder.gep(ta, [k])))
+            new = []
+            for p in range(PIXELS):
+                v = builder.load(_vptr(builder, xa, builder.add(base, pofs[p]), LANES), align=4)
+                a = accs[p]
+                if is_max:
+                    take = builder.or_(builder.fcmp_ordered(">", v, a),
+                                       builder.fcmp_unordered("uno", a, a))
+                    new.append(builder.select(take, v, a))
+                else:
+                    new.append(builder.fadd(a, v))
+            k1 = builder.add(k, _i64(1))
+            k.add_incoming(k1, loop)
+            for phi, v in zip(accs, new):
+                phi.add_incoming(v, loop)
+            builder.cbranch(builder.icmp_signed("<", k1, kk), loop, done)
+            builder.position_at_end(done)
+            finals = []
+            for p in range(PIXELS):  # every phi first: they open the block
+                phi = builder.phi(vf)
+                phi.add_incoming(first[p], entry)
+                phi.add_incoming(new[p], loop)
+                finals.append(phi)
+            for p in range(PIXELS):
+                v = finals[p]
+                with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
+                    at = builder.add(o_off, _i64(p))
+                    if not is_max:
+                        v = builder.fdiv(v, _splat(builder, builder.load(builder.gep(ca, [at])),
+                                                   LANES))
+                    builder.store(v, _vptr(builder, oa, builder.mul(at, _i64(LANES)), LANES),
+                                  align=4)
+            return context.get_dummy_value()
+        return codegen
+
+    def _pool_typer(is_max):
+        def typer(typingctx, xs, x_off, x_step, npix, toffs, kk, cnt, out, o_off):
+            if any(getattr(a, "dtype", None) != types.float32 for a in (xs, cnt, out)):
+                return None
+            return (types.void(xs, x_off, x_step, npix, toffs, kk, cnt, out, o_off),
+                    _pool_pixels_codegen(is_max))
+        typer.__name__ = "_max_pixels" if is_max else "_avg_pixels"
+        return intrinsic(typer)
+
+    _max_pixels, _avg_pixels = _pool_typer(True), _pool_typer(False)
+
     def _transpose16(builder, rows):
         """The 16 x 16 transpose of ``rows`` (16 ``<16 x float>``): four
         butterfly stages, each swapping the off-diagonal ``b x b`` blocks of
@@ -266,13 +345,17 @@ if HAVE_KERNEL:
         return types.void(out, p0, y, y_off, ohw, nvalid, count), _planes_out_codegen
 
     @njit(nogil=True, cache=True)
-    def _blocks(x, wt, bias, z, has_z, y, toffs, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp,
-                alpha, lo, hi, start, stop):  # pragma: no cover - compiled
+    def _blocks(x, wt, bias, z, has_z, y, toffs, cnt, mode, c, h, w, oh, ow, sh, sw, pt, pl,
+                hp, wp, alpha, lo, hi, start, stop):  # pragma: no cover - compiled
         """Items ``[start, stop)`` = image * channel blocks + block: gather
         the block's 16 input planes into the padded channels-last scratch,
         then every output row in steps of :data:`PIXELS` pixels. ``x``, ``z``
-        and ``y`` flat; ``toffs`` each tap's element offset in the scratch."""
-        xs = np.zeros(hp * wp * LANES, np.float32)  # the pads stay zero
+        and ``y`` flat; ``toffs`` each tap's element offset in the scratch.
+        ``mode``: 0 the depthwise conv (``wt``, ``bias``, ``z``, the
+        epilogue), 1 MaxPool, 2 AveragePool (``cnt``: each output pixel's
+        divisor)."""
+        # the pads stay as set here: only the image's cells are written
+        xs = np.full(hp * wp * LANES, -np.inf if mode == 1 else 0.0, np.float32)
         os_ = np.empty(oh * ow * LANES, np.float32)
         nb = (c + LANES - 1) // LANES
         hw = h * w
@@ -294,9 +377,17 @@ if HAVE_KERNEL:
             for oy in range(oh):
                 xrow = oy * sh * wp * LANES
                 for ox in range(0, ow, PIXELS):
-                    _pixels(xs, xrow + ox * sw * LANES, sw * LANES, min(PIXELS, ow - ox), toffs,
-                            kk, wt, cb * kk * LANES, bias, c0, y, yb + oy * ow + ox, ohw, nvalid,
-                            z, has_z, alpha, lo, hi, os_, oy * ow + ox)
+                    npix = min(PIXELS, ow - ox)
+                    if mode == 0:
+                        _pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk, wt,
+                                cb * kk * LANES, bias, c0, y, yb + oy * ow + ox, ohw, nvalid,
+                                z, has_z, alpha, lo, hi, os_, oy * ow + ox)
+                    elif mode == 1:
+                        _max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
+                                    cnt, os_, oy * ow + ox)
+                    else:
+                        _avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
+                                    cnt, os_, oy * ow + ox)
             for p0 in range(0, ohw, LANES):
                 _planes_out(os_, p0, y, yb, ohw, nvalid, min(LANES, ohw - p0))
 
@@ -313,6 +404,17 @@ def applies(x_shape, w_shape, group: int, out_shape) -> bool:
     c = x_shape[1]
     return group == c == w_shape[0] and w_shape[1] == 1 and \
         out_shape[0] * out_shape[1] <= MAX_PIXELS and c >= MIN_FILL * LANES * -(-c // LANES)
+
+
+def pool_applies(x_shape, out_shape) -> bool:
+    """A 2-D pooling of a 4-D input of at most :data:`POOL_MAX_INPUT_PIXELS`
+    pixels a plane, channels filling at least :data:`MIN_FILL` of their
+    blocks."""
+    if not (HAVE_KERNEL and ENABLED and len(x_shape) == 4):
+        return False
+    c = x_shape[1]
+    return x_shape[2] * x_shape[3] <= POOL_MAX_INPUT_PIXELS and \
+        c >= MIN_FILL * LANES * -(-c // LANES) and out_shape[0] * out_shape[1] > 0
 
 
 def pack(w: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray]:
@@ -341,6 +443,32 @@ def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, kernel, strides, dilati
     ``wt`` / ``bias``: ``y (N, C, OH, OW)`` float32, ``z`` (optional) a
     residual of y's shape, the epilogue ``min(max(where(v < 0, alpha*v, v),
     lo), hi)``. Pads at the end are implied by ``out_shape``."""
+    return _drive(x, 0, wt, bias, None, kernel, strides, dilations, pads_begin, out_shape, z,
+                  alpha, lo, hi, threads)
+
+
+def pool(x: np.ndarray, is_max: bool, kernel, strides, dilations, pads_begin, out_shape,
+         counts=None, threads: int = 1) -> np.ndarray:
+    """MaxPool / AveragePool of float32 ``x (N, C, H, W)`` -> ``y (N, C, OH,
+    OW)`` float32. MaxPool: IEEE ``maxNum`` over the window's taps in
+    row-major order from the first (a NaN loses to a number, an all-NaN
+    window gives NaN, a window wholly in the padding ``-inf``: the values of
+    :mod:`._pool_flat` and the numpy tap path). AveragePool: the taps' sum in
+    row-major order (pads add 0) divided by ``counts[0][oy] * counts[1][ox]``
+    (the caller's divisor factors: pads counted or not)."""
+    oh, ow = out_shape
+    cnt = np.ones(1, np.float32) if is_max else np.ascontiguousarray(
+        np.multiply.outer(np.asarray(counts[0], np.float32),
+                          np.asarray(counts[1], np.float32)).reshape(oh * ow))
+    return _drive(x, 1 if is_max else 2, _EMPTY, _EMPTY, cnt, kernel, strides, dilations,
+                  pads_begin, out_shape, None, 1.0, -np.inf, np.inf, threads)
+
+
+_EMPTY = np.zeros(LANES, np.float32)
+
+
+def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_shape, z,
+           alpha, lo, hi, threads):
     n, c, h, w = x.shape
     kh, kw = kernel
     sh, sw = strides
@@ -357,14 +485,15 @@ def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, kernel, strides, dilati
     # without z the masked-off z gathers address y itself (never a page that
     # is not present: docs/speed.md round 11)
     zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
-    ints = (c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)
+    cnt = _EMPTY if cnt is None else cnt
+    ints = (mode, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)
     has_z = 0 if z is None else 1
-    args = (xf, wt, bias, zf, has_z, yf, toffs, *ints, np.float32(alpha), np.float32(lo),
+    args = (xf, wt, bias, zf, has_z, yf, toffs, cnt, *ints, np.float32(alpha), np.float32(lo),
             np.float32(hi))
     items = n * -(-c // LANES)
     if threads > 1 and items > 1:
         from . import _conv_split, _parallel
-        if _conv_split.depthwise_blocks(xf, wt, bias, zf, has_z, yf, toffs, ints,
+        if _conv_split.depthwise_blocks(xf, wt, bias, zf, has_z, yf, toffs, cnt, ints,
                                         np.array([alpha, lo, hi], np.float32), items, threads):
             return y  # on the compiled partner threads
         per = -(-items // threads)

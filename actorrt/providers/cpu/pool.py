@@ -137,7 +137,9 @@ def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilat
         return pn.global_avgpool(x.reshape(x.shape[0], x.shape[1], -1)).reshape(
             x.shape[0], x.shape[1], 1, 1)
     if pn is not None:
-        y = _flat(x, kernel, strides, dil, pb, out, False, counts)
+        y = _blocked(x, kernel, strides, dil, pb, out, False, counts)
+        if y is None:
+            y = _flat(x, kernel, strides, dil, pb, out, False, counts)
         if y is not None:
             return y
         if AVG_DEPTHWISE:
@@ -174,6 +176,24 @@ _FLAT_PLANS: dict = {}
 #: ... at most this many (the oldest dropped first)
 FLAT_PLANS_MAX = 16
 _FLAT_LOCK = threading.Lock()
+
+
+def _blocked(x, kernel, strides, dil, pb, out, is_max, counts):
+    """2-D pooling of 4-D float32 ``x`` in 16-channel blocks
+    (:mod:`._dw_blocked`: small and mid-sized planes), or None where that
+    kernel does not apply. ``counts``: AveragePool's ``(count_h, count_w)``;
+    None for MaxPool."""
+    from . import _dw_blocked
+    if x.ndim != 4 or x.dtype != np.float32 or not _dw_blocked.pool_applies(x.shape, out):
+        return None
+    from . import _conv_split
+    threads = 1
+    if x.shape[0] * x.shape[1] * out[0] * out[1] * kernel[0] * kernel[1] >= \
+            _conv_split.MIN_POOL_WORK:
+        from ._threads import current
+        threads = current()
+    tracing.kernel_variant("pool", "blocked", "kernel=%s", kernel)
+    return _dw_blocked.pool(x, is_max, kernel, strides, dil, pb, out, counts, threads)
 
 
 def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
@@ -261,7 +281,9 @@ class MaxPool(Kernel):
             a("auto_pad", "NOTSET"), a("ceil_mode", 0))
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
         if COMPILED and not want_idx:
-            y = _flat(x, kernel, strides, dil, pb, out, True, None)
+            y = _blocked(x, kernel, strides, dil, pb, out, True, None)
+            if y is None:
+                y = _flat(x, kernel, strides, dil, pb, out, True, None)
             if y is not None:
                 return (y,)
         if COMPILED and x.ndim == 4 and x.dtype == np.float32 and not want_idx:

@@ -157,6 +157,7 @@ def test_maxpool_split_matches_onnxruntime(shape, attrs, mode, monkeypatch, post
     threads = _mode(mode, monkeypatch)
     monkeypatch.setattr(_pool_direct, "ENABLED", True)
     monkeypatch.setattr(_pool_flat, "ENABLED", False)  # stride-1 pools: the direct kernel here
+    monkeypatch.setattr(_dw_blocked, "ENABLED", False)  # (and mid-sized planes)
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     x = RNG.standard_normal(shape).astype(np.float32)
     node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)

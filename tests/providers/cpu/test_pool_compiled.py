@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as TP, helper
 
 import actorrt
-from actorrt.providers.cpu import _pool_direct, _pool_flat, _pool_numba, pool
+from actorrt.providers.cpu import _dw_blocked, _pool_direct, _pool_flat, _pool_numba, pool
 
 RNG = np.random.default_rng(5)
 
@@ -30,8 +30,10 @@ CASES = [  # (shape, attrs)
 
 
 def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=False, flat=False,
-         **extra):
+         blocked=False, **extra):
     monkeypatch.setattr(pool, "COMPILED", compiled)
+    monkeypatch.setattr(_dw_blocked, "ENABLED", blocked)
+    monkeypatch.setattr(_dw_blocked, "MIN_FILL", 0.0)  # any channel count when on
     monkeypatch.setattr(_pool_flat, "ENABLED", flat)
     monkeypatch.setattr(pool, "AVG_DEPTHWISE", avg_dw)
     monkeypatch.setattr(_pool_direct, "ENABLED", direct)
@@ -45,7 +47,7 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=Fal
     with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
         got = s.run(None, {"x": x})[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
-    variant = "flat" if flat else "direct" if direct else \
+    variant = "blocked" if blocked else "flat" if flat else "direct" if direct else \
         "depthwise" if avg_dw and op == "AveragePool" else "compiled"
     used = any((a.get("kernel_variant.pool") or {}).get("variant") == variant for a in spans)
     return got, want, used
@@ -401,3 +403,49 @@ def test_flat_pool_plane_range_writes_only_its_planes(case, group, monkeypatch):
                                _pool_flat.LANES, c0, c1)
             assert (y[:c0 * q] == 7).all() and (y[c1 * q:] == 7).all()
             np.testing.assert_array_equal(y[c0 * q:c1 * q], want.reshape(-1)[c0 * q:c1 * q])
+
+
+def _blocked_pool_cases():
+    for shape, attrs in CASES + FLAT_CASES:
+        yield shape, attrs, "MaxPool", None
+        for cip in (0, 1):
+            yield shape, attrs, "AveragePool", cip
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,attrs,op,count_include_pad", list(_blocked_pool_cases()))
+def test_blocked_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, threads, monkeypatch):
+    """MaxPool / AveragePool in 16-channel blocks (``_dw_blocked``; any
+    channel count: partial blocks), one and two threads (the partner split
+    forced), against onnxruntime: MaxPool exactly, AveragePool within
+    float32 rounding."""
+    if not _dw_blocked.HAVE_KERNEL:
+        pytest.skip("no AVX-512 16-lane kernels on this host")
+    from actorrt.providers.cpu import _conv_split
+    monkeypatch.setattr(_conv_split, "MIN_POOL_WORK", 0 if threads > 1 else 1 << 62)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    extra = {} if count_include_pad is None else {"count_include_pad": count_include_pad}
+    opset = 12 if op == "MaxPool" else 19
+    got, want, used = _run(op, x, attrs, True, monkeypatch, opset=opset, blocked=True, **extra)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    window_is_plane = tuple(attrs["kernel_shape"]) == shape[2:] and "pads" not in attrs
+    assert used or (op == "AveragePool" and window_is_plane)  # (that one: the plane mean)
+    if op == "MaxPool":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [0, 4, 5, 11, 13])
+def test_blocked_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
+    """NaN inputs (all-NaN windows, NaN next to pads): the blocked MaxPool
+    gives the numpy tap path's np.fmax values bit for bit."""
+    if not _dw_blocked.HAVE_KERNEL:
+        pytest.skip("no AVX-512 16-lane kernels on this host")
+    shape, attrs = FLAT_CASES[case]
+    for _ in range(2):
+        x = _with_nans(shape)
+        got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, blocked=True)
+        want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
+        assert used
+        np.testing.assert_array_equal(got, want)

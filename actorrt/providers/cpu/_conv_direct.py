@@ -164,14 +164,16 @@ CHANNEL_TILES = True
 #: 29.5 -> 30.3; 64 -> 64 at r = 576 34 -> 28-30; resnetish 1-3 % slower
 #: with them at every r)
 CT_MIN_REDUCTION = 512
-#: software prefetches of the next row group's lines, bit flags: 1 the
-#: output's (for a write) and the residual ``Z``'s, 2 the input rows of a 1x1
-#: conv read in place (a copied, padded input was just written: in cache). Inside a model a layer's output, residual and (read in place)
-#: input are rarely still in cache; the tiles address ``MR`` channel planes at
-#: once, more concurrent streams than the hardware prefetchers follow, and the
-#: read-for-ownership misses then come one at a time: resnet50's layers ran
-#: 1.3-3x their cache-hot time in the model (docs/speed.md round 13)
-PREFETCH = 3
+#: software prefetches (1: on): before a row group's tiles, the next row
+#: group's output lines for a write and the residual ``Z``'s. Inside a model a
+#: layer's output and residual are rarely still in cache; the tiles address
+#: ``MR`` channel planes at once, more concurrent streams than the hardware
+#: prefetchers follow, and the read-for-ownership misses then come one at a
+#: time: resnet50's layers ran 1.3-3x their cache-hot time in the model
+#: (docs/speed.md round 13). Hints for the next tile's input window of a 1x1
+#: conv read in place (hundreds of channel-plane streams) were measured too
+#: and made no difference (resnet50 0.98x, densenet121 / squeezenet 1.0-1.03x)
+PREFETCH = 1
 #: ... for outputs of at least this many bytes (smaller ones stay in L2
 #: between layers, where the hints only cost instructions: resnetish 1.04x
 #: the time with them on every conv)
@@ -183,28 +185,17 @@ if HAVE_KERNEL:
     from ._atomics import prefetch_line, prefetch_line_w
 
     @njit(nogil=True, cache=True, inline="always")
-    def _prefetch_row_group(xs, offs, y, z, has_z, pf, x_row, r0, kn, xspan, y_at, nrow, plane,
-                            nch):  # pragma: no cover - compiled
-        """Prefetch hints for the next row group: ``nch`` channel planes of
-        ``y`` (and ``z``) from element ``y_at``, ``nrow`` elements each, for a
-        write (``pf & 1``); the input rows of reduction rows ``[r0, r0 + kn)``
-        from ``x_row``, ``xspan`` elements each (``pf & 2``)."""
-        if pf & 1:
-            for c in range(nch):
-                e0 = y_at + c * plane
-                a = (e0 * 4) & ~63
-                while a < (e0 + nrow) * 4:
-                    prefetch_line_w(y, a)
-                    if has_z:
-                        prefetch_line(z, a)
-                    a += 64
-        if pf & 2:
-            for r in range(r0, r0 + kn):
-                e0 = x_row + offs[r]
-                a = (e0 * 4) & ~63
-                while a < (e0 + xspan) * 4:
-                    prefetch_line(xs, a)
-                    a += 64
+    def _prefetch_outputs(y, z, has_z, y_at, nrow, plane, nch):  # pragma: no cover - compiled
+        """Write-prefetch hints for ``nch`` channel planes of ``y`` (read
+        hints for ``z``) from element ``y_at``, ``nrow`` elements each."""
+        for c in range(nch):
+            e0 = y_at + c * plane
+            a = (e0 * 4) & ~63
+            while a < (e0 + nrow) * 4:
+                prefetch_line_w(y, a)
+                if has_z:
+                    prefetch_line(z, a)
+                a += 64
 
     from ._conv_tiles import channel_tile_codegen, tile_intrinsic
 
@@ -254,12 +245,11 @@ if HAVE_KERNEL:
         weight block once for all of them. (One module-level function:
         numba's cache keys closures by their cells, which an intrinsic does
         not pickle stably, so a closure recompiled per process.)
-        ``pf``: the plan's :data:`PREFETCH` bits: hints for the next row
-        group of the item's channels, issued before this one's tiles."""
+        ``pf``: the plan's :data:`PREFETCH`: write hints for the next row
+        group's output (and residual) lines before a row group's tiles."""
         mr = _KIND_MR[kind]
         cols = _KIND_COLS[kind]
         rpt = _KIND_RPT[kind]
-        xspan = ow + (rpt - 1) * wj
         ngroups = (oh + rpt - 1) // rpt
         nblocks = (ngroups + rgroups - 1) // rgroups
         mbp = (mb + mparts - 1) // mparts
@@ -282,14 +272,12 @@ if HAVE_KERNEL:
                     for gr in range(gr0, gr1):
                         oy = gr * rpt
                         x_row = n * x_img + gi * x_grp + oy * wj
-                        if pf & 3 and gr + 1 < ngroups:
+                        if pf & 1 and gr + 1 < ngroups:
                             oyn = oy + rpt
                             ch0 = gi * mg + og * mr
-                            _prefetch_row_group(
-                                xs, offs, y, z, has_z, pf & (3 if og == b0 else 1),
-                                x_row + rpt * wj, r0, kn, xspan, ((n * m + ch0) * oh + oyn) * ow,
-                                min(rpt, oh - oyn) * ow, plane,
-                                min(mg, (min(b1, og + obg)) * mr) - og * mr)
+                            _prefetch_outputs(y, z, has_z, ((n * m + ch0) * oh + oyn) * ow,
+                                              min(rpt, oh - oyn) * ow, plane,
+                                              min(mg, (min(b1, og + obg)) * mr) - og * mr)
                         for ox0 in range(0, ow, cols):
                             ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
                             for ob in range(og, min(b1, og + obg)):
@@ -506,8 +494,7 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                 ints=(g, mb, mg, r, x_img, x_grp, oh, ow, wj, REDUCTION_BLOCK,
                       max(1, WEIGHT_BLOCK_BYTES // (4 * mr * min(r, REDUCTION_BLOCK))),
                       kind, mparts, rgroups,
-                      PREFETCH & (3 if inplace else 1)
-                      if 4 * n * group * mg * oh * ow >= PREFETCH_MIN_BYTES else 0),
+                      PREFETCH if 4 * n * group * mg * oh * ow >= PREFETCH_MIN_BYTES else 0),
                 items=row_items * mparts, mr=mr, mb=mb,
                 mg=mg, g=g, split=2 * n * group * mg * r * oh * ow >= PARALLEL_MIN_FLOPS,
                 flops=2 * n * group * mg * r * oh * ow,
@@ -527,8 +514,10 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         threads = current_threads()
         if not plan.split and not _split().splits(threads):
             threads = 1  # small for the chunk loop: only the partners take it
-    if plan.copies is None:  # read in place (masked loads: nothing past the rows)
+    if plan.copies is None:  # read in place
         buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if _overrun_leaves_page(buf):
+            buf = _with_slack(buf)
     else:
         buf = None
         if REUSE_BUFFERS:
@@ -541,7 +530,7 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         if threads <= 1 or plan.xs_shape[0] * plan.xs_shape[1] < 2 or \
                 not _split().phase_copy(plan, x, buf, threads):
             phase_copy(plan, x, buf)
-    y = np.empty(plan.y_shape, np.float32)
+    y = _empty_with_slack(plan.y_shape)
     mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
             and bias.flags.c_contiguous:
@@ -577,6 +566,41 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     if REUSE_BUFFERS and plan.copies is not None:
         plan.bufs.append(buf)
     return y
+
+
+#: bytes a tile's last vector may address past the last element it uses
+#: (masked-off lanes: up to 2 x 16 floats less one)
+OVERRUN_BYTES = 128
+
+
+# A masked load or store whose masked-off lanes reach a page that is not
+# present (never touched, or returned to the system) takes a microcode assist
+# on AMD Zen, on every call: a grouped 1x1 conv read in place ran 1.24x its
+# time when the page after its input was untouched, and where arrays land in
+# a long-lived process decided which layers paid (docs/speed.md rounds 11
+# and 13). The tiles' last vector of a row reads and writes up to
+# OVERRUN_BYTES past the row: inside the array except after its last row.
+def _overrun_leaves_page(a: np.ndarray) -> bool:
+    """Whether reading OVERRUN_BYTES past ``a``'s end crosses into another page."""
+    end = a.ctypes.data + a.nbytes
+    return (end - 1) // 4096 != (end - 1 + OVERRUN_BYTES) // 4096
+
+
+def _with_slack(a: np.ndarray) -> np.ndarray:
+    """A copy of flat ``a`` in a buffer OVERRUN_BYTES longer (touched)."""
+    out = np.empty(a.size + OVERRUN_BYTES // a.itemsize, a.dtype)
+    out[:a.size] = a
+    out[a.size:] = 0
+    return out[:a.size]
+
+
+def _empty_with_slack(shape) -> np.ndarray:
+    """``np.empty(shape, float32)`` whose buffer runs OVERRUN_BYTES further
+    (zeroed: the masked-off lanes past the last row land on touched memory)."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + OVERRUN_BYTES // 4, np.float32)
+    buf[n:] = 0
+    return buf[:n].reshape(shape)
 
 
 #: hand :func:`run`'s phase-split buffers back to the plan for later calls

@@ -285,25 +285,53 @@ if HAVE_KERNEL:
             f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32")
         return mload, mstore
 
+    def _permute(builder, v, idx):
+        """``v[idx[i]]`` per lane (``vpermps``: a run-time lane permutation)."""
+        vf = _V(_f32, LANES)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf, _V(_i32, LANES)]),
+            "llvm.x86.avx512.permvar.sf.512")
+        return builder.call(fn, [v, idx])
+
+    def _tail_shift(builder, count):
+        """``(shift, lanes)`` of a chunk of ``count`` (1-16) pixels read as a
+        plane's last 16: the chunk's pixel ``i`` is lane ``i + shift`` there,
+        ``shift = 16 - count``."""
+        shift = builder.trunc(builder.sub(_i64(LANES), count), _i32)
+        iota = ir.Constant(_V(_i32, LANES), list(range(LANES)))
+        return shift, iota
+
+    # Every address these form lies inside the plane it names (the rule of
+    # docs/speed.md rounds 11 and 13): a masked load or store whose masked-off
+    # lanes reach a page that is not present (past the array's end, or in an
+    # output plane not yet written) costs a microcode assist on AMD Zen --
+    # a chunk of 16 pixels that would run past the plane's end is taken as
+    # the plane's last 16 and its lanes moved by a permutation; channels past
+    # ``nvalid`` address channel 0 under an all-false mask.
     def _planes_in_codegen(context, builder, sig, args):
-        """Pixels ``p0 .. p0 + count - 1`` (``count <= 16``) of 16 channel
-        planes into the channels-last scratch: row ``l < nvalid`` of the
-        16 x 16 block is ``x[x_off + l * hw + p0 :][:count]`` (masked loads;
-        other rows 0), transposed, pixel ``i`` stored at ``xs[dst[p0 + i] :
-        +16]``."""
+        """Pixels ``p0 .. p0 + count - 1`` (``count <= 16``, planes of at
+        least 16 pixels) of 16 channel planes into the channels-last
+        scratch: row ``l < nvalid`` of the 16 x 16 block is ``x[x_off + l *
+        hw + p0 :][:count]`` (other rows 0), transposed, pixel ``i`` stored at
+        ``xs[dst[p0 + i] : +16]``."""
         xa, sa, da = (context.make_array(sig.args[i])(context, builder, args[i]).data
                       for i in (0, 5, 6))
         x_off, hw, nvalid, p0, count = (_as_i64(builder, args[i]) for i in (1, 2, 3, 4, 7))
         vf = _V(_f32, LANES)
         mload, _ = _mload_store_fns(builder)
         zero = ir.Constant(vf, [0.0] * LANES)
-        cols = _lanes_below(builder, count)
+        full = builder.icmp_signed("==", count, _i64(LANES))
+        start = builder.select(full, p0, builder.sub(hw, _i64(LANES)))
+        shift, iota = _tail_shift(builder, count)
+        idx = builder.select(full, iota, builder.add(iota, _splat(builder, shift, LANES)))
         rows = []
         for l in range(LANES):
-            ok = builder.and_(cols, _splat(builder, builder.icmp_signed("<", _i64(l), nvalid),
-                                           LANES, ty=_i1))
-            at = builder.add(builder.add(x_off, builder.mul(_i64(l), hw)), p0)
-            rows.append(builder.call(mload, [_vptr(builder, xa, at, LANES), _i32(4), ok, zero]))
+            valid = builder.icmp_signed("<", _i64(l), nvalid)
+            ok = _splat(builder, valid, LANES, ty=_i1)
+            at = builder.add(builder.add(x_off, builder.mul(
+                builder.select(valid, _i64(l), _i64(0)), hw)), start)
+            v = builder.call(mload, [_vptr(builder, xa, at, LANES), _i32(4), ok, zero])
+            rows.append(_permute(builder, v, idx))
         for i, v in enumerate(_transpose16(builder, rows)):
             with builder.if_then(builder.icmp_signed("<", _i64(i), count), likely=True):
                 d = builder.load(builder.gep(da, [builder.add(p0, _i64(i))]))
@@ -319,7 +347,9 @@ if HAVE_KERNEL:
     def _planes_out_codegen(context, builder, sig, args):
         """The inverse for the output: pixel vectors ``out[(p0 + i) * 16 :
         +16]``, ``i < count``, transposed, channel ``l < nvalid``'s row stored
-        to ``y[y_off + l * ohw + p0 :][:count]`` (masked)."""
+        to ``y[y_off + l * ohw + p0 :][:count]`` (planes of at least 16
+        pixels; a tail chunk as the plane's last 16 lanes, those before
+        ``p0`` masked off)."""
         oa, ya = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 2))
         p0, y_off, ohw, nvalid, count = (_as_i64(builder, args[i]) for i in (1, 3, 4, 5, 6))
         vf = _V(_f32, LANES)
@@ -330,12 +360,21 @@ if HAVE_KERNEL:
                                 builder.mul(builder.add(p0, _i64(i)), _i64(LANES)),
                                 builder.mul(p0, _i64(LANES)))
             rows.append(builder.load(_vptr(builder, oa, at, LANES), align=4))
-        cols = _lanes_below(builder, count)
+        full = builder.icmp_signed("==", count, _i64(LANES))
+        start = builder.select(full, p0, builder.sub(ohw, _i64(LANES)))
+        shift, iota = _tail_shift(builder, count)
+        # lane j of the stored vector is pixel j - shift of the chunk
+        idx = builder.select(full, iota, builder.sub(iota, _splat(builder, shift, LANES)))
+        cols = builder.select(full, _lanes_below(builder, _i64(LANES)), builder.icmp_signed(
+            ">=", ir.Constant(_V(_i64, LANES), list(range(LANES))),
+            _splat(builder, builder.sub(_i64(LANES), count), LANES)))
         for l, v in enumerate(_transpose16(builder, rows)):
-            ok = builder.and_(cols, _splat(builder, builder.icmp_signed("<", _i64(l), nvalid),
-                                           LANES, ty=_i1))
-            at = builder.add(builder.add(y_off, builder.mul(_i64(l), ohw)), p0)
-            builder.call(mstore, [v, _vptr(builder, ya, at, LANES), _i32(4), ok])
+            valid = builder.icmp_signed("<", _i64(l), nvalid)
+            ok = builder.and_(cols, _splat(builder, valid, LANES, ty=_i1))
+            at = builder.add(builder.add(y_off, builder.mul(
+                builder.select(valid, _i64(l), _i64(0)), ohw)), start)
+            builder.call(mstore, [_permute(builder, v, idx), _vptr(builder, ya, at, LANES),
+                                  _i32(4), ok])
         return context.get_dummy_value()
 
     @intrinsic
@@ -403,7 +442,8 @@ def applies(x_shape, w_shape, group: int, out_shape) -> bool:
         return False
     c = x_shape[1]
     return group == c == w_shape[0] and w_shape[1] == 1 and \
-        out_shape[0] * out_shape[1] <= MAX_PIXELS and c >= MIN_FILL * LANES * -(-c // LANES)
+        LANES <= out_shape[0] * out_shape[1] <= MAX_PIXELS and \
+        x_shape[2] * x_shape[3] >= LANES and c >= MIN_FILL * LANES * -(-c // LANES)
 
 
 def pool_applies(x_shape, out_shape) -> bool:
@@ -413,8 +453,8 @@ def pool_applies(x_shape, out_shape) -> bool:
     if not (HAVE_KERNEL and ENABLED and len(x_shape) == 4):
         return False
     c = x_shape[1]
-    return x_shape[2] * x_shape[3] <= POOL_MAX_INPUT_PIXELS and \
-        c >= MIN_FILL * LANES * -(-c // LANES) and out_shape[0] * out_shape[1] > 0
+    return LANES <= x_shape[2] * x_shape[3] <= POOL_MAX_INPUT_PIXELS and \
+        out_shape[0] * out_shape[1] >= LANES and c >= MIN_FILL * LANES * -(-c // LANES)
 
 
 def pack(w: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray]:
@@ -440,7 +480,8 @@ def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, kernel, strides, dilati
         pads_begin, out_shape, z=None, alpha: float = 1.0, lo: float = -np.inf,
         hi: float = np.inf, threads: int = 1) -> np.ndarray:
     """The depthwise conv of float32 ``x (N, C, H, W)`` with :func:`pack`'s
-    ``wt`` / ``bias``: ``y (N, C, OH, OW)`` float32, ``z`` (optional) a
+    ``wt`` / ``bias`` (input and output planes of at least 16 pixels, else
+    ValueError): ``y (N, C, OH, OW)`` float32, ``z`` (optional) a
     residual of y's shape, the epilogue ``min(max(where(v < 0, alpha*v, v),
     lo), hi)``. Pads at the end are implied by ``out_shape``."""
     return _drive(x, 0, wt, bias, None, kernel, strides, dilations, pads_begin, out_shape, z,
@@ -450,7 +491,8 @@ def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, kernel, strides, dilati
 def pool(x: np.ndarray, is_max: bool, kernel, strides, dilations, pads_begin, out_shape,
          counts=None, threads: int = 1) -> np.ndarray:
     """MaxPool / AveragePool of float32 ``x (N, C, H, W)`` -> ``y (N, C, OH,
-    OW)`` float32. MaxPool: IEEE ``maxNum`` over the window's taps in
+    OW)`` float32 (input and output planes of at least 16 pixels, else
+    ValueError). MaxPool: IEEE ``maxNum`` over the window's taps in
     row-major order from the first (a NaN loses to a number, an all-NaN
     window gives NaN, a window wholly in the padding ``-inf``: the values of
     :mod:`._pool_flat` and the numpy tap path). AveragePool: the taps' sum in
@@ -470,6 +512,9 @@ _EMPTY = np.zeros(LANES, np.float32)
 def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_shape, z,
            alpha, lo, hi, threads):
     n, c, h, w = x.shape
+    if h * w < LANES or out_shape[0] * out_shape[1] < LANES:
+        raise ValueError(f"_dw_blocked takes planes of at least {LANES} pixels, got "
+                         f"{(h, w)} -> {tuple(out_shape)}")
     kh, kw = kernel
     sh, sw = strides
     dh, dw = dilations

@@ -604,23 +604,22 @@ def test_weight_bytes_bound_of_the_direct_kernel(channels, direct):
     assert variants == (["direct"] if direct else ["im2col"]), variants
 
 
-def test_prefetch_bits_by_output_size_and_input_layout(monkeypatch):
-    """The direct plan's prefetch bits (its 15th int): outputs of at least
-    PREFETCH_MIN_BYTES get the output / residual hints (1), a 1x1 conv read
-    in place the input's too (3); smaller outputs and PREFETCH = 0 none."""
-    def bits(x_shape, m, k, pads=(0, 0)):
+def test_prefetch_by_output_size(monkeypatch):
+    """The direct plan's prefetch flag (its 15th int): outputs of at least
+    PREFETCH_MIN_BYTES get the output / residual hints, smaller outputs and
+    PREFETCH = 0 none; 1x1 convs read in place the same."""
+    def flag(x_shape, m, k, pads=(0, 0)):
         n, c, h, w = x_shape
         return _conv_direct.make_plan(x_shape, (1, m, c * k * k), 1, (k, k), (1, 1), (1, 1),
                                       pads, (h + 2 * pads[0] - k + 1, w + 2 * pads[1] - k + 1),
                                       flatten=True).ints[14]
     limit = _conv_direct.PREFETCH_MIN_BYTES
     side = int(np.ceil(np.sqrt(limit / (4 * 64)))) + 1  # 64 channels past the limit
-    assert bits((1, 32, side, side), 64, 3, (1, 1)) == 1
-    assert bits((1, 32, 8, 8), 64, 3, (1, 1)) == 0
-    if _conv_direct.VW == 16:
-        assert bits((1, 32, side, side), 64, 1) == 3
+    assert flag((1, 32, side, side), 64, 3, (1, 1)) == 1
+    assert flag((1, 32, side, side), 64, 1) == 1
+    assert flag((1, 32, 8, 8), 64, 3, (1, 1)) == 0
     monkeypatch.setattr(_conv_direct, "PREFETCH", 0)
-    assert bits((1, 32, side, side), 64, 3, (1, 1)) == 0
+    assert flag((1, 32, side, side), 64, 3, (1, 1)) == 0
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -631,9 +630,9 @@ def test_prefetch_bits_by_output_size_and_input_layout(monkeypatch):
     (1, 16, 9, 30, 24, (5, 3), (1, 2), (2, 1, 2, 1), (1, 1), 2, None)])
 def test_direct_conv_with_prefetch_hints_matches_onnxruntime(case, residual, threads, monkeypatch):
     """Every direct conv with the prefetch hints on (PREFETCH_MIN_BYTES 0:
-    each row group prefetches the next one's output, residual and in-place
-    input lines), one and two threads, with and without a residual:
-    onnxruntime's values, on the direct kernel."""
+    each row group prefetches the next one's output and residual lines), one
+    and two threads, with and without a residual: onnxruntime's values, on
+    the direct kernel."""
     if not _conv_direct.HAVE_KERNEL:
         pytest.skip("the compiled kernels are not built")
     monkeypatch.setattr(_conv_direct, "PREFETCH_MIN_BYTES", 0)
@@ -649,3 +648,46 @@ def test_direct_conv_with_prefetch_hints_matches_onnxruntime(case, residual, thr
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     if case[9] != case[1]:  # not depthwise
         assert "direct" in variants, variants
+
+
+@pytest.mark.parametrize("at_page_end", [True, False])
+def test_in_place_input_near_a_page_end_is_read_from_a_copy(at_page_end, monkeypatch):
+    """A 1x1 conv read in place whose input ends within OVERRUN_BYTES of a
+    page end reads a copy with slack (the tiles' last masked vector must not
+    reach a page that may not be present: a microcode assist on AMD Zen);
+    elsewhere it reads the input itself. The output always has the slack.
+    onnxruntime's values either way."""
+    if not _conv_direct.HAVE_KERNEL or _conv_direct.VW != 16:
+        pytest.skip("no 16-lane tiles: 1x1 convs are not read in place")
+    import mmap
+    shape = (1, 24, 10, 10)
+    nbytes = 4 * int(np.prod(shape))
+    m = mmap.mmap(-1, 4 * 4096 + nbytes)
+    raw = np.frombuffer(m, np.uint8)
+    start = 3 * 4096 - nbytes + (0 if at_page_end else 1024)
+    x = raw[start:start + nbytes].view(np.float32).reshape(shape)
+    x[...] = RNG.standard_normal(shape)
+    assert _conv_direct._overrun_leaves_page(x.reshape(-1)) == at_page_end
+    copies, outs = [], []
+    real_copy, real_empty = _conv_direct._with_slack, _conv_direct._empty_with_slack
+    monkeypatch.setattr(_conv_direct, "_with_slack", lambda a: copies.append(a) or real_copy(a))
+    monkeypatch.setattr(_conv_direct, "_empty_with_slack",
+                        lambda s: outs.append(real_empty(s)) or outs[-1])
+    w = RNG.standard_normal((40, 24, 1, 1)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "W"], ["y"], kernel_shape=[1, 1])
+    g = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TP.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.array(x)})[0]
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(trace="ops")) as s:
+        got = s.run(None, {"x": x})[0]
+        variants = [sp.args.get("kernel_variant.conv", {}).get("variant")
+                    for sp in s.session.tracer.spans if sp.cat == "op"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert variants == ["direct"]
+    assert len(copies) == (1 if at_page_end else 0)
+    assert outs and all(o.base is not None and
+                        o.base.size * 4 >= o.nbytes + _conv_direct.OVERRUN_BYTES for o in outs)
+    del x, raw

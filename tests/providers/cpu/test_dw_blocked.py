@@ -27,7 +27,7 @@ CASES = [
     (1, 16, 11, 13, (5, 5), (1, 2), (1, 1), (2, 1, 2, 3)),   # asymmetric pads
     (1, 64, 10, 10, (3, 3), (1, 1), (2, 2), (2, 2, 2, 2)),   # dilated
     (2, 30, 5, 8, (3, 1), (2, 1), (1, 1), (0, 0, 1, 0)),
-    (1, 16, 3, 3, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0)),     # one output pixel
+    (1, 16, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),     # 16-pixel planes: no tail
     (1, 96, 6, 17, (7, 7), (1, 1), (1, 1), (3, 3, 3, 3)),
     (1, 32, 45, 50, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 2,250 pixels: many transposes
 ]
@@ -82,6 +82,14 @@ def test_which_shapes_take_it():
     assert not _dw_blocked.applies((1, 64, 7, 7), (64, 2, 3, 3), 32, (7, 7))  # grouped, not dw
     assert not _dw_blocked.applies((1, 17, 7, 7), (17, 1, 3, 3), 17, (7, 7))  # 17 of 32 lanes
     assert _dw_blocked.applies((1, 24, 7, 7), (24, 1, 3, 3), 24, (7, 7))      # 24 of 32
+    # planes under 16 pixels (in or out) decline: a chunk is 16 pixels of one plane
+    assert not _dw_blocked.applies((1, 64, 3, 5), (64, 1, 3, 3), 64, (3, 5))
+    assert not _dw_blocked.applies((1, 64, 8, 8), (64, 1, 3, 3), 64, (3, 3))
+    assert _dw_blocked.pool_applies((1, 64, 8, 8), (4, 4))
+    assert not _dw_blocked.pool_applies((1, 64, 8, 8), (3, 5))
+    with pytest.raises(ValueError):
+        _dw_blocked.pool(np.zeros((1, 16, 3, 3), np.float32), True, (1, 1), (1, 1), (1, 1),
+                         (0, 0), (3, 3))
 
 
 def _dw_model(case, act):
@@ -101,7 +109,7 @@ def _dw_model(case, act):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act", ["", "Relu"])
-@pytest.mark.parametrize("case", CASES[:5])
+@pytest.mark.parametrize("case", CASES[:6])
 def test_sessions_take_the_blocked_kernel_with_onnxruntimes_values(case, act, threads):
     model, x = _dw_model(case, act)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(

@@ -45,6 +45,7 @@ import math
 
 import numpy as np
 
+from . import _conv_tiles as _ct
 from ._conv_tiles import HAVE_KERNEL, VW
 
 __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW",
@@ -514,10 +515,10 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         threads = current_threads()
         if not plan.split and not _split().splits(threads):
             threads = 1  # small for the chunk loop: only the partners take it
+    # the row copies and the in-place tiles read x with masked vectors
+    x = _ct.readable(np.ascontiguousarray(x, dtype=np.float32))
     if plan.copies is None:  # read in place
-        buf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        if _overrun_leaves_page(buf):
-            buf = _with_slack(buf)
+        buf = x.reshape(-1)
     else:
         buf = None
         if REUSE_BUFFERS:
@@ -530,7 +531,7 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         if threads <= 1 or plan.xs_shape[0] * plan.xs_shape[1] < 2 or \
                 not _split().phase_copy(plan, x, buf, threads):
             phase_copy(plan, x, buf)
-    y = _empty_with_slack(plan.y_shape)
+    y = _ct.empty_with_slack(plan.y_shape, np.float32)
     mr, mb, mg = plan.mr, plan.mb, plan.mg
     if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
             and bias.flags.c_contiguous:
@@ -540,7 +541,7 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
         if bias is not None:
             bp.reshape(plan.g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(plan.g, mg)
     if z is not None:
-        zz = np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
+        zz = _ct.readable(np.ascontiguousarray(z, dtype=np.float32)).reshape(-1)
         has_z = 1
     else:
         # no z: the tile's z loads are all masked off, but their addresses are
@@ -566,41 +567,6 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
     if REUSE_BUFFERS and plan.copies is not None:
         plan.bufs.append(buf)
     return y
-
-
-#: bytes a tile's last vector may address past the last element it uses
-#: (masked-off lanes: up to 2 x 16 floats less one)
-OVERRUN_BYTES = 128
-
-
-# A masked load or store whose masked-off lanes reach a page that is not
-# present (never touched, or returned to the system) takes a microcode assist
-# on AMD Zen, on every call: a grouped 1x1 conv read in place ran 1.24x its
-# time when the page after its input was untouched, and where arrays land in
-# a long-lived process decided which layers paid (docs/speed.md rounds 11
-# and 13). The tiles' last vector of a row reads and writes up to
-# OVERRUN_BYTES past the row: inside the array except after its last row.
-def _overrun_leaves_page(a: np.ndarray) -> bool:
-    """Whether reading OVERRUN_BYTES past ``a``'s end crosses into another page."""
-    end = a.ctypes.data + a.nbytes
-    return (end - 1) // 4096 != (end - 1 + OVERRUN_BYTES) // 4096
-
-
-def _with_slack(a: np.ndarray) -> np.ndarray:
-    """A copy of flat ``a`` in a buffer OVERRUN_BYTES longer (touched)."""
-    out = np.empty(a.size + OVERRUN_BYTES // a.itemsize, a.dtype)
-    out[:a.size] = a
-    out[a.size:] = 0
-    return out[:a.size]
-
-
-def _empty_with_slack(shape) -> np.ndarray:
-    """``np.empty(shape, float32)`` whose buffer runs OVERRUN_BYTES further
-    (zeroed: the masked-off lanes past the last row land on touched memory)."""
-    n = int(np.prod(shape))
-    buf = np.empty(n + OVERRUN_BYTES // 4, np.float32)
-    buf[n:] = 0
-    return buf[:n].reshape(shape)
 
 
 #: hand :func:`run`'s phase-split buffers back to the plan for later calls

@@ -356,13 +356,17 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     (the defaults apply nothing). Pads at the end are implied by ``out_shape``."""
     n = x.shape[0]
     m = w.shape[0]
-    y = np.empty((n, m, out_shape[0], out_shape[1]), x.dtype)
+    from . import _conv_tiles as _ct
+    # the row copies read x, the row stores read z and write y, with masked
+    # vectors (docs/speed.md round 13)
+    x = _ct.readable(np.ascontiguousarray(x))
+    y = _ct.empty_with_slack((n, m, out_shape[0], out_shape[1]), x.dtype)
     b = np.zeros(m, x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
     # without z the store's masked-off z loads read y at its own offsets: a
     # one-element placeholder would put them past its end, and a masked load
     # whose masked-off lanes reach a page not present (unmapped, or never
     # touched) is a microcode assist on AMD Zen (docs/speed.md round 11)
-    zz = y if z is None else np.ascontiguousarray(z, dtype=x.dtype)
+    zz = y if z is None else _ct.readable(np.ascontiguousarray(z, dtype=x.dtype))
     args = (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
             np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE)

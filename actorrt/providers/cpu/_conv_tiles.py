@@ -12,12 +12,64 @@ plans and drivers of :mod:`._conv_direct` and the machine code.
 * :data:`HAVE_KERNEL`, :data:`VW` -- whether the host can run them, and their
   float lanes; ``as_i64``, ``vec_ptr``, ``splat`` -- IR helpers shared with the
   other direct kernels (:mod:`._pool_direct`, :mod:`._conv_vec`).
+* :func:`readable`, :func:`empty_with_slack` -- the arrays these kernels read
+  and write with masked vectors, made safe to over-address (below).
+
+Masked vectors and absent pages: the row tiles, row copies and row stores
+load and store whole vectors under a lane mask, so a row's last vector
+addresses up to :data:`OVERRUN_BYTES` past the row (inside the array except
+after its last row). A masked load or store whose masked-off lanes reach a
+page that is not present (never touched, or given back to the system) takes
+a microcode assist on AMD Zen, on every call, and where arrays happen to land
+in a long-lived process decides which layers pay (docs/speed.md rounds 11 and
+13: 1.1-8x a convolution's time; a grouped 1x1 conv 1.24x, a depthwise conv
+2x). So outputs get :data:`OVERRUN_BYTES` of touched slack
+(:func:`empty_with_slack`), and an input whose end lies within them of a page
+end is read from a copy that has the slack (:func:`readable`: ~3 % of
+placements, one copy).
 """
 
 from __future__ import annotations
 
-__all__ = ["HAVE_KERNEL", "VW", "row_tile_codegen", "channel_tile_codegen", "tile_intrinsic",
-           "as_i64", "vec_ptr", "splat"]
+__all__ = ["HAVE_KERNEL", "VW", "OVERRUN_BYTES", "row_tile_codegen", "channel_tile_codegen",
+           "tile_intrinsic", "as_i64", "vec_ptr", "splat", "overrun_leaves_page", "readable",
+           "empty_with_slack"]
+
+import numpy as np
+
+#: bytes a row's last masked vector may address past the row's last element
+#: (two 16-float vectors less one float, with room to spare)
+OVERRUN_BYTES = 128
+_PAGE = 4096
+
+
+def overrun_leaves_page(a: np.ndarray) -> bool:
+    """Whether addressing :data:`OVERRUN_BYTES` past ``a``'s last byte
+    crosses into another page."""
+    end = a.ctypes.data + a.nbytes
+    return (end - 1) // _PAGE != (end - 1 + OVERRUN_BYTES) // _PAGE
+
+
+def readable(a: np.ndarray) -> np.ndarray:
+    """C-contiguous ``a`` itself, or where :func:`overrun_leaves_page` a copy
+    (same shape and dtype) in a buffer :data:`OVERRUN_BYTES` longer, the slack
+    zeroed."""
+    if a.size == 0 or not overrun_leaves_page(a):
+        return a
+    buf = np.empty(a.size + -(-OVERRUN_BYTES // a.itemsize), a.dtype)
+    buf[:a.size] = a.reshape(-1)
+    buf[a.size:] = 0
+    return buf[:a.size].reshape(a.shape)
+
+
+def empty_with_slack(shape, dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in a buffer :data:`OVERRUN_BYTES` longer,
+    the slack zeroed (touched)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(n + -(-OVERRUN_BYTES // dtype.itemsize), dtype)
+    buf[n:] = 0
+    return buf[:n].reshape(shape)
 
 try:
     import numba  # noqa: F401

@@ -156,7 +156,9 @@ def maxpool2d(plan: "_cd.Plan", x: np.ndarray, buf: np.ndarray | None = None) ->
     if buf is None:
         buf = new_buffer(plan)
     n, c, oh, ow = plan.y_shape
-    y = np.empty(plan.y_shape, np.float32)
+    # the row copies read x, the tiles store y, with masked vectors
+    x = _ct.readable(np.ascontiguousarray(x, dtype=np.float32))
+    y = _ct.empty_with_slack(plan.y_shape, np.float32)
     yf = y.reshape(-1)
     x_plane = math.prod(plan.xs_shape[2:])
     planes = n * c

@@ -11,7 +11,8 @@ rows of ``A`` (``r`` <= 8) times one panel: 2 x ``r`` ``<16 x float>``
 accumulators over the whole ``K`` (``A`` scalars broadcast, one FMA per
 accumulator per ``k``), then ``+ bias``, the activation (none / Relu /
 erf-GELU with :data:`.math.ERF32_RATIONAL`), and a masked store of the
-panel's real columns. Rows are taken in blocks whose ``A`` stays in L2,
+panel's real columns (outputs get :func:`._conv_tiles.empty_with_slack`'s
+slack: the store's masked-off lanes address past the last row). Rows are taken in blocks whose ``A`` stays in L2,
 every panel of a block at a time (the panel, 32 ``K``-floats wide, stays in
 L1 across the block's tiles).
 
@@ -42,6 +43,8 @@ from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every ker
 import platform
 
 import numpy as np
+
+from . import _conv_tiles as _ct  # the outputs' slack for the masked stores
 
 from .math import ERF32_RATIONAL
 
@@ -328,10 +331,11 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
     a3 = np.ascontiguousarray(a).reshape(bt, m, k)
     b3 = b.reshape(bt, k, n)  # a view for the usual (transposed-view) operands, else a copy
     if out is None:
-        out = np.empty(lead + (m, n), np.float32)
+        out = _ct.empty_with_slack(lead + (m, n), np.float32)
     elif out.shape != lead + (m, n) or out.dtype != np.float32 or \
-            not out.flags.c_contiguous or not out.flags.writeable:
-        return None
+            not out.flags.c_contiguous or not out.flags.writeable or \
+            _ct.overrun_leaves_page(out):
+        return None  # (the tiles' masked store may address past out's end)
     rb = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
     out3 = out.reshape(bt, m, n)
     if threads > 1 and bt > 1 and USE_PARTNERS and 2 * bt * m * n * k >= PARTNER_MIN_FLOPS:
@@ -417,16 +421,16 @@ def run(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, code: int,
     if a.ndim == 2 and a.flags.c_contiguous:
         m = a.shape[0]
         a2 = a
-        out = out2 = np.empty((m, n), np.float32)
+        out = out2 = _ct.empty_with_slack((m, n), np.float32)
     elif k and a.flags.c_contiguous:  # (..., M, K) rows as one matrix, views only
         m = a.size // k
         a2 = a.reshape(m, k)
-        out = np.empty(a.shape[:-1] + (n,), np.float32)
+        out = _ct.empty_with_slack(a.shape[:-1] + (n,), np.float32)
         out2 = out.reshape(m, n)
     else:
         lead = a.shape[:-1]
         m = a.size // k if k else int(np.prod(lead))
-        out = np.empty(lead + (n,), np.float32)
+        out = _ct.empty_with_slack(lead + (n,), np.float32)
         a2 = np.ascontiguousarray(a.reshape(m, k)) if m and k else a
         out2 = out.reshape(m, n)
     if m == 0 or n == 0:

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _matmul_split, _parallel, _sgemm_numba as sg
+from actorrt.providers.cpu import _conv_tiles as _ct, _matmul_split, _parallel, _sgemm_numba as sg
 
 RNG = np.random.default_rng(777)
 needs = pytest.mark.skipif(not sg.HAVE_SGEMM, reason="the compiled sgemm needs numba on AVX-512")
@@ -60,6 +60,8 @@ def test_gemm_equals_numpy_float64(a_shape, n, act, threads, partners, monkeypat
         want = _ref(a, b, bias, act)
         assert got.shape == a_shape[:-1] + (n,) and got.dtype == np.float32
         assert got.flags.c_contiguous
+        # slack past the last row for the masked store's masked-off lanes
+        assert got.base is not None and got.base.nbytes >= got.nbytes + _ct.OVERRUN_BYTES
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     assert bool(seen) == (threads == 2 and n > sg.NR and not partners)
 
@@ -178,7 +180,7 @@ def test_bmm_equals_numpy_float64(a_shape, b_shape, perm):
     got = sg.bmm(a, b)
     assert got.shape == want.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-4)
-    out = np.empty(want.shape, np.float32)
+    out = _ct.empty_with_slack(want.shape, np.float32)  # (an out near a page end declines)
     assert sg.bmm(a, b, out) is out
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-4)
 
@@ -192,6 +194,15 @@ def test_bmm_declines_what_it_cannot_take(monkeypatch):
     assert sg.bmm(a, np.ones((2, 4, 5), np.float64)) is None          # dtype
     assert sg.bmm(a[:, :, :0], np.ones((2, 0, 5), np.float32)) is None  # empty
     assert sg.bmm(a, np.ones((2, 4, 5), np.float32), np.empty((2, 5, 3), np.float32)[:, :, :].transpose(0, 2, 1)) is None
+    # an out that ends within OVERRUN_BYTES of a page end (the masked store
+    # would address the next page): declined, the caller's matmul writes it
+    raw = np.empty(3 * 4096 // 4, np.float32)
+    base = (-raw.ctypes.data) % 4096 // 4  # to a page start
+    out = raw[base + 1024 - 30:base + 1024].reshape(2, 3, 5)
+    assert _ct.overrun_leaves_page(out)
+    assert sg.bmm(a, np.ones((2, 4, 5), np.float32), out) is None
+    ok = raw[base + 512 - 30:base + 512].reshape(2, 3, 5)
+    assert sg.bmm(a, np.ones((2, 4, 5), np.float32), ok) is ok
     monkeypatch.setattr(sg, "ENABLED", False)
     assert sg.bmm(a, np.ones((2, 4, 5), np.float32)) is None
 

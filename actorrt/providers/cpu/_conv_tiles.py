@@ -23,8 +23,8 @@ page that is not present (never touched, or given back to the system) takes
 a microcode assist on AMD Zen, on every call, and where arrays happen to land
 in a long-lived process decides which layers pay (docs/speed.md rounds 11 and
 13: 1.1-8x a convolution's time; a grouped 1x1 conv 1.24x, a depthwise conv
-2x). So outputs get :data:`OVERRUN_BYTES` of touched slack
-(:func:`empty_with_slack`), and an input whose end lies within them of a page
+2x). So outputs get :data:`OVERRUN_BYTES` of slack and every page touched
+before the kernel runs (:func:`empty_with_slack`), and an input whose end lies within them of a page
 end is read from a copy that has the slack (:func:`readable`: ~3 % of
 placements, one copy).
 """
@@ -35,6 +35,8 @@ __all__ = ["HAVE_KERNEL", "VW", "OVERRUN_BYTES", "row_tile_codegen", "channel_ti
            "tile_intrinsic", "as_i64", "vec_ptr", "splat", "overrun_leaves_page", "readable",
            "empty_with_slack"]
 
+import math
+
 import numpy as np
 
 #: bytes a row's last masked vector may address past the row's last element
@@ -43,33 +45,72 @@ OVERRUN_BYTES = 128
 _PAGE = 4096
 
 
+def _leaves_page_py(a: np.ndarray, over: int) -> bool:
+    end = a.ctypes.data + a.nbytes
+    return (end - 1) // _PAGE != (end - 1 + over) // _PAGE
+
+
+def _alloc_py(n: int, slack: int, dtype) -> np.ndarray:
+    buf = np.empty(n + slack, dtype)
+    buf[:n:max(1, _PAGE // buf.itemsize)] = 0
+    buf[n:] = 0
+    return buf
+
+
+_leaves_page, _alloc = _leaves_page_py, _alloc_py
+try:  # compiled: a Python-level address or two slice fills cost ~1-3 us a call
+    from numba import njit as _njit
+
+    @_njit(nogil=True, cache=True)
+    def _leaves_page(a, over):  # pragma: no cover - compiled
+        end = a.ctypes.data + a.size * a.itemsize
+        return (end - 1) // _PAGE != (end - 1 + over) // _PAGE
+
+    @_njit(nogil=True, cache=True)
+    def _alloc_typed(n, slack, like):  # pragma: no cover - compiled
+        buf = np.empty(n + slack, like.dtype)
+        step = max(1, _PAGE // like.itemsize)
+        for i in range(0, n, step):
+            buf[i] = 0
+        for i in range(n, n + slack):
+            buf[i] = 0
+        return buf
+
+    _LIKE = {np.dtype(np.float32): np.zeros(1, np.float32), np.dtype(np.float64): np.zeros(1, np.float64)}
+
+    def _alloc(n: int, slack: int, dtype) -> np.ndarray:
+        like = _LIKE.get(dtype)
+        return _alloc_py(n, slack, dtype) if like is None else _alloc_typed(n, slack, like)
+except Exception:  # pragma: no cover - exercised only without numba
+    pass
+
+
 def overrun_leaves_page(a: np.ndarray) -> bool:
     """Whether addressing :data:`OVERRUN_BYTES` past ``a``'s last byte
-    crosses into another page."""
-    end = a.ctypes.data + a.nbytes
-    return (end - 1) // _PAGE != (end - 1 + OVERRUN_BYTES) // _PAGE
+    crosses into another page (``a`` C-contiguous)."""
+    return bool(a.size) and bool(_leaves_page(a, OVERRUN_BYTES))
 
 
 def readable(a: np.ndarray) -> np.ndarray:
     """C-contiguous ``a`` itself, or where :func:`overrun_leaves_page` a copy
     (same shape and dtype) in a buffer :data:`OVERRUN_BYTES` longer, the slack
     zeroed."""
-    if a.size == 0 or not overrun_leaves_page(a):
+    if not overrun_leaves_page(a):
         return a
-    buf = np.empty(a.size + -(-OVERRUN_BYTES // a.itemsize), a.dtype)
+    buf = _alloc(a.size, -(-OVERRUN_BYTES // a.itemsize), a.dtype)
     buf[:a.size] = a.reshape(-1)
-    buf[a.size:] = 0
     return buf[:a.size].reshape(a.shape)
 
 
 def empty_with_slack(shape, dtype) -> np.ndarray:
     """``np.empty(shape, dtype)`` in a buffer :data:`OVERRUN_BYTES` longer,
-    the slack zeroed (touched)."""
+    the slack zeroed and one element of every page written: a row's masked
+    store also addresses the start of the next row, which may lie in a page
+    not written yet, and fresh memory's pages are not present until written."""
     dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    buf = np.empty(n + -(-OVERRUN_BYTES // dtype.itemsize), dtype)
-    buf[n:] = 0
-    return buf[:n].reshape(shape)
+    n = math.prod(shape)
+    return _alloc(n, -(-OVERRUN_BYTES // dtype.itemsize), dtype)[:n].reshape(shape)
+
 
 try:
     import numba  # noqa: F401

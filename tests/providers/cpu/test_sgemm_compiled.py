@@ -61,7 +61,8 @@ def test_gemm_equals_numpy_float64(a_shape, n, act, threads, partners, monkeypat
         assert got.shape == a_shape[:-1] + (n,) and got.dtype == np.float32
         assert got.flags.c_contiguous
         # slack past the last row for the masked store's masked-off lanes
-        assert got.base is not None and got.base.nbytes >= got.nbytes + _ct.OVERRUN_BYTES
+        if got.nbytes >= _ct.SLACK_MIN_BYTES:
+            assert got.base is not None and got.base.nbytes >= got.nbytes + _ct.OVERRUN_BYTES
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     assert bool(seen) == (threads == 2 and n > sg.NR and not partners)
 

@@ -10,8 +10,9 @@ plans and drivers of :mod:`._conv_direct` and the machine code.
 * :func:`tile_intrinsic` -- the numba intrinsic of either, one signature for
   all kinds (see :func:`._conv_direct._rows` for the arguments);
 * :data:`HAVE_KERNEL`, :data:`VW` -- whether the host can run them, and their
-  float lanes; ``as_i64``, ``vec_ptr``, ``splat`` -- IR helpers shared with the
-  other direct kernels (:mod:`._pool_direct`, :mod:`._conv_vec`).
+  float lanes; ``as_i64``, ``vec_ptr``, ``splat``, ``open_loop``,
+  ``close_loop`` -- IR helpers shared with the other direct kernels
+  (:mod:`._pool_direct`, :mod:`._conv_vec`, :mod:`._dw_blocked`).
 * :func:`readable`, :func:`empty_with_slack` -- the arrays these kernels read
   and write with masked vectors, made safe to over-address (below).
 
@@ -32,8 +33,8 @@ placements, one copy).
 from __future__ import annotations
 
 __all__ = ["HAVE_KERNEL", "VW", "OVERRUN_BYTES", "row_tile_codegen", "channel_tile_codegen",
-           "tile_intrinsic", "as_i64", "vec_ptr", "splat", "overrun_leaves_page", "readable",
-           "empty_with_slack"]
+           "tile_intrinsic", "as_i64", "vec_ptr", "splat", "open_loop", "close_loop",
+           "overrun_leaves_page", "readable", "empty_with_slack"]
 
 import math
 
@@ -204,6 +205,9 @@ if HAVE_KERNEL:
             phi.add_incoming(val, loop)
             finals.append(phi)
         return finals
+
+    #: the reduction loop's IR (shared with :mod:`._dw_blocked`)
+    open_loop, close_loop = _open_loop, _close_loop
 
     def _epilogue(builder, acc, prev, bias, zv, alv, lov, hiv, final, zero):
         """``raw = acc + prev``; on the last reduction block (``final``)

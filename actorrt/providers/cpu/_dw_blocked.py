@@ -1,5 +1,6 @@
-"""Channel-blocked depthwise convolution for small planes: 16 channels a
-vector, onnxruntime's NCHWc arrangement formed per call from NCHW data.
+"""Channel-blocked depthwise convolution and pooling for small and
+mid-sized planes: 16 channels a vector, onnxruntime's NCHWc arrangement
+formed per call from NCHW data.
 
 On small and mid-sized planes (7x7 to 56x56) the plane-at-a-time kernel of
 :mod:`._conv_numba` spends most of its time on per-row work (copy a row in,
@@ -21,8 +22,11 @@ the time, docs/speed.md round 13.)
   / ``(C/16 * 16,)`` blocks, zero-padded channels.
 * :func:`run` -- ``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v =
   conv(x, w) + bias (+ z)``, float32 ``x (N, C, H, W)`` -> ``y (N, C, OH, OW)``;
-  channel blocks split over the intra-op threads (the compiled partners of
-  :mod:`._conv_split`, else :func:`._parallel.run_chunks`).
+* :func:`pool_applies`, :func:`pool` -- MaxPool / AveragePool on the same
+  blocks (the tap loop a max or a sum, the sum divided by per-pixel counts).
+
+Both split their channel blocks over the intra-op threads (the compiled
+partners of :mod:`._conv_split`, else :func:`._parallel.run_chunks`).
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ if HAVE_KERNEL:
         # pixels past npix read pixel 0's taps (addresses that exist); not stored
         pofs = [builder.select(builder.icmp_signed("<", _i64(p), npix),
                                builder.mul(_i64(p), x_step), _i64(0)) for p in range(PIXELS)]
-        entry, loop, done, k, accs = _ct_open_loop(builder, kk, PIXELS, zero)
+        entry, loop, done, k, accs = _ct.open_loop(builder, kk, PIXELS, zero, "dwb")
         t = builder.load(builder.gep(ta, [k]))
         wv = builder.load(_vptr(builder, wa, builder.add(wo, builder.mul(k, _i64(LANES))), LANES),
                           align=4)
@@ -114,7 +118,7 @@ if HAVE_KERNEL:
         for p in range(PIXELS):
             xv = builder.load(_vptr(builder, xa, builder.add(base, pofs[p]), LANES), align=4)
             new.append(builder.fadd(accs[p], builder.fmul(wv, xv, flags=fast), flags=fast))
-        finals = _ct_close_loop(builder, kk, entry, loop, done, k, accs, new, zero)
+        finals = _ct.close_loop(builder, kk, entry, loop, done, k, accs, new, zero)
         bv = builder.load(_vptr(builder, ba, bo, LANES), align=4)
         alv, lov, hiv = (_splat(builder, s, LANES) for s in (alpha, lo, hi))
         ch_ok = _lanes_below(builder, nvalid)
@@ -146,34 +150,6 @@ if HAVE_KERNEL:
         phi.add_incoming(v, before)
         phi.add_incoming(with_z, then)
         return phi
-
-    def _ct_open_loop(builder, n, naccs, zero):
-        entry = builder.block
-        loop = builder.append_basic_block("dwb.loop")
-        done = builder.append_basic_block("dwb.done")
-        builder.cbranch(builder.icmp_signed(">", n, _i64(0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(_i64)
-        k.add_incoming(_i64(0), entry)
-        accs = [builder.phi(zero.type) for _ in range(naccs)]
-        for phi in accs:
-            phi.add_incoming(zero, entry)
-        return entry, loop, done, k, accs
-
-    def _ct_close_loop(builder, n, entry, loop, done, k, accs, new, zero):
-        k1 = builder.add(k, _i64(1))
-        k.add_incoming(k1, loop)
-        for phi, val in zip(accs, new):
-            phi.add_incoming(val, loop)
-        builder.cbranch(builder.icmp_signed("<", k1, n), loop, done)
-        builder.position_at_end(done)
-        finals = []
-        for val in new:
-            phi = builder.phi(zero.type)
-            phi.add_incoming(zero, entry)
-            phi.add_incoming(val, loop)
-            finals.append(phi)
-        return finals
 
     @intrinsic
     def _pixels(typingctx, xs, x_off, x_step, npix, toffs, kk, wt, wo, bias, bo, y, y_off,

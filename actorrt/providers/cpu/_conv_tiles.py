@@ -174,24 +174,28 @@ if HAVE_KERNEL:
         ints = [_as_i64(builder, args[i]) for i in (1, 3, 5, 7, 8, 9, 11, 13, 17, 18, 19, 20, 21)]
         return arrays, ints, (args[14], args[15], args[16])
 
-    def _open_loop(builder, nr, naccs, zero, name):
-        """Enter the reduction loop ``r in [0, nr)``: ``(entry, loop, done, r,
-        accs)``, the accumulators' phis starting at ``zero``."""
+    def _open_loop(builder, nr, naccs, zero, name, start=0, inits=None):
+        """Enter the loop ``r in [start, nr)``: ``(entry, loop, done, r,
+        accs)``, the accumulators' phis starting at ``zero`` (or at the
+        values ``inits``, one per accumulator)."""
+        inits = inits or [zero] * naccs
         entry = builder.block
         loop = builder.append_basic_block(f"{name}.loop")
         done = builder.append_basic_block(f"{name}.done")
-        builder.cbranch(builder.icmp_signed(">", nr, _i64(0)), loop, done)
+        builder.cbranch(builder.icmp_signed(">", nr, _i64(start)), loop, done)
         builder.position_at_end(loop)
         r = builder.phi(_i64)
-        r.add_incoming(_i64(0), entry)
-        accs = [builder.phi(zero.type) for _ in range(naccs)]
-        for phi in accs:
-            phi.add_incoming(zero, entry)
+        r.add_incoming(_i64(start), entry)
+        accs = [builder.phi(v.type) for v in inits]
+        for phi, v in zip(accs, inits):
+            phi.add_incoming(v, entry)
         return entry, loop, done, r, accs
 
-    def _close_loop(builder, nr, entry, loop, done, r, accs, new, zero):
+    def _close_loop(builder, nr, entry, loop, done, r, accs, new, zero, inits=None):
         """Close the loop of :func:`_open_loop` on the accumulators' ``new``
-        values; returns their values after it (``zero`` where ``nr`` <= 0)."""
+        values; returns their values after it (their starting values where
+        the loop did not run). Every phi opens the ``done`` block."""
+        inits = inits or [zero] * len(new)
         r1 = builder.add(r, _i64(1))
         r.add_incoming(r1, loop)
         for phi, val in zip(accs, new):
@@ -199,14 +203,14 @@ if HAVE_KERNEL:
         builder.cbranch(builder.icmp_signed("<", r1, nr), loop, done)
         builder.position_at_end(done)
         finals = []
-        for val in new:
-            phi = builder.phi(zero.type)
-            phi.add_incoming(zero, entry)
+        for val, v0 in zip(new, inits):
+            phi = builder.phi(val.type)
+            phi.add_incoming(v0, entry)
             phi.add_incoming(val, loop)
             finals.append(phi)
         return finals
 
-    #: the reduction loop's IR (shared with :mod:`._dw_blocked`)
+    #: the reduction loop's IR (shared with :mod:`._dw_blocked`, :mod:`._pool_direct`)
     open_loop, close_loop = _open_loop, _close_loop
 
     def _epilogue(builder, acc, prev, bias, zv, alv, lov, hiv, final, zero):

@@ -172,22 +172,13 @@ if HAVE_KERNEL:
             xa, ta, ca, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
                               for i in (0, 4, 6, 7))
             x_off, x_step, npix, kk, o_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5, 8))
-            vf = _V(_f32, LANES)
             pofs = [builder.select(builder.icmp_signed("<", _i64(p), npix),
                                    builder.mul(_i64(p), x_step), _i64(0)) for p in range(PIXELS)]
             t0 = builder.add(x_off, builder.load(builder.gep(ta, [_i64(0)])))
             first = [builder.load(_vptr(builder, xa, builder.add(t0, pofs[p]), LANES), align=4)
                      for p in range(PIXELS)]
-            entry = builder.block
-            loop = builder.append_basic_block("pool.loop")
-            done = builder.append_basic_block("pool.done")
-            builder.cbranch(builder.icmp_signed(">", kk, _i64(1)), loop, done)
-            builder.position_at_end(loop)
-            k = builder.phi(_i64)
-            k.add_incoming(_i64(1), entry)
-            accs = [builder.phi(vf) for _ in range(PIXELS)]
-            for phi, v in zip(accs, first):
-                phi.add_incoming(v, entry)
+            entry, loop, done, k, accs = _ct.open_loop(builder, kk, PIXELS, None, "pool",
+                                                       start=1, inits=first)
             base = builder.add(x_off, builder.load(builder.gep(ta, [k])))
             new = []
             for p in range(PIXELS):
@@ -199,18 +190,7 @@ if HAVE_KERNEL:
                     new.append(builder.select(take, v, a))
                 else:
                     new.append(builder.fadd(a, v))
-            k1 = builder.add(k, _i64(1))
-            k.add_incoming(k1, loop)
-            for phi, v in zip(accs, new):
-                phi.add_incoming(v, loop)
-            builder.cbranch(builder.icmp_signed("<", k1, kk), loop, done)
-            builder.position_at_end(done)
-            finals = []
-            for p in range(PIXELS):  # every phi first: they open the block
-                phi = builder.phi(vf)
-                phi.add_incoming(first[p], entry)
-                phi.add_incoming(new[p], loop)
-                finals.append(phi)
+            finals = _ct.close_loop(builder, kk, entry, loop, done, k, accs, new, None, inits=first)
             for p in range(PIXELS):
                 v = finals[p]
                 with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):

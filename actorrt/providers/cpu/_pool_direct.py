@@ -58,36 +58,17 @@ if HAVE_KERNEL:
             first = builder.add(x_off, builder.load(oa))
             init = [builder.load(_ct.vec_ptr(builder, xa, builder.add(first, _i64(vw * v)), vw), align=4)
                     for v in range(nv)]
-            entry = builder.block
-            loop = builder.append_basic_block("maxpool.loop")
-            done = builder.append_basic_block("maxpool.done")
-            builder.cbranch(builder.icmp_signed(">", ntaps, _i64(1)), loop, done)
-            builder.position_at_end(loop)
-            t = builder.phi(_i64)
-            t.add_incoming(_i64(1), entry)
-            accs = [builder.phi(v8f) for _ in range(nv)]
-            for phi, val in zip(accs, init):
-                phi.add_incoming(val, entry)
+            entry, loop, done, t, accs = _ct.open_loop(builder, ntaps, nv, None, "maxpool",
+                                                       start=1, inits=init)
             xb = builder.add(x_off, builder.load(builder.gep(oa, [t])))
             new = [builder.call(vmax, [accs[v], builder.load(
                 _ct.vec_ptr(builder, xa, builder.add(xb, _i64(vw * v)), vw), align=4)])
                 for v in range(nv)]
-            t1 = builder.add(t, _i64(1))
-            t.add_incoming(t1, loop)
-            for phi, val in zip(accs, new):
-                phi.add_incoming(val, loop)
-            builder.cbranch(builder.icmp_signed("<", t1, ntaps), loop, done)
-            builder.position_at_end(done)
+            finals = _ct.close_loop(builder, ntaps, entry, loop, done, t, accs, new, None, inits=init)
             mstore = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [v8f, v8f.as_pointer(), _i32,
                                                                 _V(_i1, vw)]),
                 f"llvm.masked.store.v{vw}f32.p0v{vw}f32")
-            finals = []
-            for v in range(nv):  # every phi first, then the stores
-                phi = builder.phi(v8f)
-                phi.add_incoming(init[v], entry)
-                phi.add_incoming(new[v], loop)
-                finals.append(phi)
             for v, phi in enumerate(finals):
                 mask = builder.icmp_signed(
                     "<", ir.Constant(_V(_i64, vw), list(range(vw * v, vw * v + vw))),

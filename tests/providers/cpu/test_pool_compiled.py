@@ -326,16 +326,21 @@ def test_flat_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, thre
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", [0, 4, 5, 11])
-def test_flat_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
-    """NaN inputs (all-NaN windows, NaN next to pads): the flat MaxPool gives
-    the numpy tap path's np.fmax values bit for bit, on two inputs in turn."""
-    if not _pool_flat.HAVE_NUMBA:
+@pytest.mark.parametrize("case,kernel", [(c, "flat") for c in (0, 4, 5, 11)] +  # stride 1
+                         [(c, "blocked") for c in (0, 4, 5, 11, 13)])
+def test_flat_and_blocked_maxpool_nan_equal_the_numpy_taps(case, kernel, monkeypatch):
+    """NaN inputs (all-NaN windows, NaN next to pads): the flat MaxPool (stride
+    1) and the 16-channel-block one give the numpy tap path's np.fmax values
+    bit for bit, on two inputs in turn."""
+    if kernel == "flat" and not _pool_flat.HAVE_NUMBA:
         pytest.skip("numba not installed")
+    if kernel == "blocked" and not _dw_blocked.HAVE_KERNEL:
+        pytest.skip("no AVX-512 16-lane kernels on this host")
     shape, attrs = FLAT_CASES[case]
     for _ in range(2):
         x = _with_nans(shape)
-        got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, flat=True)
+        got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12,
+                            **{kernel: True})
         want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
         assert used
         np.testing.assert_array_equal(got, want)
@@ -437,18 +442,3 @@ def test_blocked_pool_matches_onnxruntime(shape, attrs, op, count_include_pad, t
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("case", [0, 4, 5, 11, 13])
-def test_blocked_maxpool_nan_equals_the_numpy_taps(case, monkeypatch):
-    """NaN inputs (all-NaN windows, NaN next to pads): the blocked MaxPool
-    gives the numpy tap path's np.fmax values bit for bit."""
-    if not _dw_blocked.HAVE_KERNEL:
-        pytest.skip("no AVX-512 16-lane kernels on this host")
-    shape, attrs = FLAT_CASES[case]
-    for _ in range(2):
-        x = _with_nans(shape)
-        got, _, used = _run("MaxPool", x, attrs, True, monkeypatch, opset=12, blocked=True)
-        want, _, _ = _run("MaxPool", x, attrs, False, monkeypatch, opset=12)
-        assert used
-        np.testing.assert_array_equal(got, want)

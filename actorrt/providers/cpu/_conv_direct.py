@@ -165,20 +165,21 @@ CHANNEL_TILES = True
 #: 29.5 -> 30.3; 64 -> 64 at r = 576 34 -> 28-30; resnetish 1-3 % slower
 #: with them at every r)
 CT_MIN_REDUCTION = 512
-#: software prefetches (1: on): before a row group's tiles, the next row
-#: group's output lines for a write and the residual ``Z``'s. Inside a model a
-#: layer's output and residual are rarely still in cache; the tiles address
-#: ``MR`` channel planes at once, more concurrent streams than the hardware
-#: prefetchers follow, and the read-for-ownership misses then come one at a
-#: time: resnet50's layers ran 1.3-3x their cache-hot time in the model
-#: (docs/speed.md round 13). Hints for the next tile's input window of a 1x1
-#: conv read in place (hundreds of channel-plane streams) were measured too
-#: and made no difference (resnet50 0.98x, densenet121 / squeezenet 1.0-1.03x)
+#: software prefetches (1: on): with each tile, write hints for the same
+#: tile's lines of the next row group's output (and read hints for the
+#: residual ``Z``'s). Inside a model a layer's output and residual are rarely
+#: still in cache; the tiles write ``MR`` channel planes at once, more
+#: concurrent streams than the hardware prefetchers follow, and the
+#: read-for-ownership misses then come one at a time: resnet50's layers ran
+#: 1.3-3x their cache-hot time in the model (docs/speed.md round 13). All of a
+#: row group's hints at once before its tiles gained less (resnet50 0.97-1.01x
+#: against 0.93-0.97x); read hints for a 1x1 conv's next input tile gained
+#: nothing (0.97-1.03x)
 PREFETCH = 1
-#: ... for outputs of at least this many bytes (smaller ones stay in L2
-#: between layers, where the hints only cost instructions: resnetish 1.04x
-#: the time with them on every conv)
-PREFETCH_MIN_BYTES = 512 << 10
+#: ... for outputs of at least this many bytes (smaller ones mostly stay in
+#: L2 / L3 between layers, where the hints cost instructions: mobilenetish's
+#: 0.8-1.6 MB outputs 1.03-1.06x the time with them, resnetish 1-4 %)
+PREFETCH_MIN_BYTES = 2 << 20
 
 if HAVE_KERNEL:
     from numba import njit
@@ -246,8 +247,9 @@ if HAVE_KERNEL:
         weight block once for all of them. (One module-level function:
         numba's cache keys closures by their cells, which an intrinsic does
         not pickle stably, so a closure recompiled per process.)
-        ``pf``: the plan's :data:`PREFETCH`: write hints for the next row
-        group's output (and residual) lines before a row group's tiles."""
+        ``pf``: the plan's :data:`PREFETCH`: with each tile, write hints for
+        its lines of the next row group's output (read hints for the
+        residual's)."""
         mr = _KIND_MR[kind]
         cols = _KIND_COLS[kind]
         rpt = _KIND_RPT[kind]
@@ -273,18 +275,18 @@ if HAVE_KERNEL:
                     for gr in range(gr0, gr1):
                         oy = gr * rpt
                         x_row = n * x_img + gi * x_grp + oy * wj
-                        if pf & 1 and gr + 1 < ngroups:
-                            oyn = oy + rpt
-                            ch0 = gi * mg + og * mr
-                            _prefetch_outputs(y, z, has_z, ((n * m + ch0) * oh + oyn) * ow,
-                                              min(rpt, oh - oyn) * ow, plane,
-                                              min(mg, (min(b1, og + obg)) * mr) - og * mr)
+                        ahead = pf & 1 and gr + 1 < ngroups
                         for ox0 in range(0, ow, cols):
                             ncols = ow - ox0 if rpt == 1 else min(rpt, oh - oy) * ow
                             for ob in range(og, min(b1, og + obg)):
                                 mvalid = min(mr, mg - ob * mr)
                                 w_off = ((gi * mb + ob) * nr + r0) * mr
                                 y_at = ((n * m + gi * mg + ob * mr) * oh + oy) * ow + ox0
+                                if ahead:  # this tile's lines of the next row group
+                                    _prefetch_outputs(
+                                        y, z, has_z, y_at + rpt * ow,
+                                        min(cols, ow - ox0) if rpt == 1 else
+                                        min(rpt, oh - oy - rpt) * ow, plane, mvalid)
                                 _tile(kind, xs, x_row + ox0, offs, kn, wp, w_off, y, y_at,
                                       plane, ncols, bias, (gi * mb + ob) * mr, z, has_z, lo, hi,
                                       alpha, mvalid, r0, flags, ow, wj)

@@ -367,7 +367,7 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dilations, pads_begin, ou
     # whose masked-off lanes reach a page not present (unmapped, or never
     # touched) is a microcode assist on AMD Zen (docs/speed.md round 11)
     zz = y if z is None else _ct.readable(np.ascontiguousarray(z, dtype=x.dtype))
-    args = (np.ascontiguousarray(x), np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
+    args = (x, np.ascontiguousarray(w, dtype=x.dtype), b, zz, y, strides[0],
             strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1],
             np.array([alpha, lo, hi], x.dtype), z is not None, DW_TILE)
     work = y.size * w.shape[2] * w.shape[3]

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
+import functools
+
 import numpy as np
 
 from . import _conv_tiles as _ct
@@ -465,6 +467,14 @@ def pool(x: np.ndarray, is_max: bool, kernel, strides, dilations, pads_begin, ou
 _EMPTY = np.zeros(LANES, np.float32)
 
 
+@functools.lru_cache(maxsize=256)
+def _tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
+    """Each tap's element offset in the channels-last scratch (read-only)."""
+    t = np.array([(i * dh * wp + j * dw) * LANES for i in range(kh) for j in range(kw)], np.int64)
+    t.flags.writeable = False
+    return t
+
+
 def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_shape, z,
            alpha, lo, hi, threads):
     n, c, h, w = x.shape
@@ -478,8 +488,7 @@ def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_s
     oh, ow = out_shape
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
     wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
-    toffs = np.array([(i * dh * wp + j * dw) * LANES for i in range(kh) for j in range(kw)],
-                     np.int64)
+    toffs = _tap_offsets(kh, kw, dh, dw, wp)
     y = np.empty((n, c, oh, ow), np.float32)
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     yf = y.reshape(-1)

@@ -18,6 +18,8 @@ parking) because the next convolution / pooling node comes soon.
 * :func:`phase_copy` -- the direct convolution's padded phase-split input
   copy, planes as items (:func:`._conv_vec.phase_copy_rows`);
 * :func:`depthwise` -- :func:`._conv_numba.depthwise2d`'s planes (float32);
+* :func:`conv_blocked_images` / :func:`conv_blocked_phases` -- :mod:`._conv_blocked`'s
+  whole images, or per image its input blocks then (output group, pixels) items;
 * :func:`maxpool` -- the direct MaxPool's planes (copy and tiles of a plane
   in one item).
 
@@ -191,6 +193,46 @@ if HAVE_SPLIT:
                               ep[1], ep[2], i0, i1)
 
         DWB_ITEMS = _dwb_items.address
+
+    from . import _conv_blocked as _cb
+
+    # channel-blocked conv block: x, wt, bias, z, y, toffs, pix, dst, xs, os
+    # (address, size each), groups (address, rows), ep (address: alpha, lo,
+    # hi), then has_z, c, hw, m, ohw, geo (address: h, w, pt, pl, hp, wp), n,
+    # chunk, nchunks
+    _CB_N = 32
+    CB_IMAGES = CB_IN = CB_TILES = 0
+    if _cb.HAVE_KERNEL:
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _cb_images(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_CB_N,))
+            ep = carray(_f32p(p[22]), (3,))
+            _cb.images(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                       carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)), p[23],
+                       carray(_f32p(p[8]), (p[9],)), carray(_i64p(p[10]), (p[11],)),
+                       carray(_i64p(p[12]), (p[13],)), carray(_i64p(p[14]), (p[15],)),
+                       carray(_i64p(p[20]), (p[21], 3)), p[24], p[25], p[26], p[27],
+                       carray(_i64p(p[28]), (6,)), ep[0], ep[1], ep[2], i0, i1)
+
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _cb_in(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_CB_N,))
+            _cb.in_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[16]), (p[17],)),
+                         carray(_i64p(p[14]), (p[15],)), p[24], p[25],
+                         carray(_i64p(p[28]), (6,)), p[29], i0, i1)
+
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _cb_tiles(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_CB_N,))
+            ep = carray(_f32p(p[22]), (3,))
+            _cb.tiles_range(carray(_f32p(p[16]), (p[17],)), carray(_f32p(p[2]), (p[3],)),
+                            carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)), p[23],
+                            carray(_f32p(p[8]), (p[9],)), carray(_i64p(p[10]), (p[11],)),
+                            carray(_i64p(p[12]), (p[13],)), carray(_i64p(p[20]), (p[21], 3)),
+                            p[26], p[27], carray(_f32p(p[18]), (p[19],)), ep[0], ep[1], ep[2],
+                            p[29], p[30], p[31], i0, i1)
+
+        CB_IMAGES, CB_IN, CB_TILES = _cb_images.address, _cb_in.address, _cb_tiles.address
 
     from numba import njit
 
@@ -475,4 +517,46 @@ def depthwise_blocks(x, wt, bias, z, has_z: int, y, toffs, cnt, ints, ep: np.nda
                        _addr(z), z.size, _addr(y), y.size, _addr(toffs), toffs.size,
                        _addr(cnt), cnt.size, has_z, _addr(ep), *ints], np.int64)
     _run(team, DWB_ITEMS, params, items, threads)
+    return True
+
+
+def _cb_params(args, xs, os_) -> tuple[np.ndarray, np.ndarray]:
+    (xf, wt, bias, zf, has_z, yf, toffs, pix, dst, groups, c, hw, m, ohw, geo,
+     alpha, lo, hi) = args
+    ep = np.array([alpha, lo, hi], np.float32)
+    p = np.array([_addr(xf), xf.size, _addr(wt), wt.size, _addr(bias), bias.size, _addr(zf),
+                  zf.size, _addr(yf), yf.size, _addr(toffs), toffs.size, _addr(pix), pix.size,
+                  _addr(dst), dst.size, _addr(xs), xs.size, _addr(os_), os_.size,
+                  _addr(groups), groups.shape[0], _addr(ep), has_z, c, hw, m, ohw, _addr(geo),
+                  0, 0, 0], np.int64)
+    return p, ep
+
+
+def conv_blocked_images(team, args, n: int, threads: int) -> bool:
+    """:mod:`._conv_blocked`'s whole images ``0 .. n - 1`` (``args``: its
+    ``_images`` arguments before the range) on the caller and ``team``.
+    False (nothing done) without the kernel."""
+    if not CB_IMAGES:
+        return False
+    p, ep = _cb_params(args, args[0], args[0])
+    _run(team, CB_IMAGES, p, n, threads)
+    return True
+
+
+def conv_blocked_phases(team, args, xs: np.ndarray, os_: np.ndarray, chunk: int, n: int,
+                        threads: int) -> bool:
+    """:mod:`._conv_blocked` per image on the caller and ``team``: the input
+    blocks into the shared scratch ``xs``, then (output group, ``chunk``
+    pixels) items through ``os_``. False (nothing done) without the kernel."""
+    if not CB_IN:
+        return False
+    p, ep = _cb_params(args, xs, os_)
+    c, ohw, groups = args[10], args[13], args[9]
+    nchunks = -(-ohw // chunk)
+    p[30], p[31] = chunk, nchunks
+    icb = -(-c // 16)
+    for i in range(n):
+        p[29] = i
+        _run(team, CB_IN, p, icb, threads)
+        _run(team, CB_TILES, p, groups.shape[0] * nchunks, threads)
     return True

@@ -175,17 +175,19 @@ if HAVE_KERNEL:
         return arrays, ints, (args[14], args[15], args[16])
 
     def _open_loop(builder, nr, naccs, zero, name, start=0, inits=None):
-        """Enter the loop ``r in [start, nr)``: ``(entry, loop, done, r,
-        accs)``, the accumulators' phis starting at ``zero`` (or at the
-        values ``inits``, one per accumulator)."""
+        """Enter the loop ``r in [start, nr)`` (``start`` an int or an i64
+        value): ``(entry, loop, done, r, accs)``, the accumulators' phis
+        starting at ``zero`` (or at the values ``inits``, one per
+        accumulator)."""
         inits = inits or [zero] * naccs
+        st = start if isinstance(start, ir.Value) else _i64(start)
         entry = builder.block
         loop = builder.append_basic_block(f"{name}.loop")
         done = builder.append_basic_block(f"{name}.done")
-        builder.cbranch(builder.icmp_signed(">", nr, _i64(start)), loop, done)
+        builder.cbranch(builder.icmp_signed(">", nr, st), loop, done)
         builder.position_at_end(loop)
         r = builder.phi(_i64)
-        r.add_incoming(_i64(start), entry)
+        r.add_incoming(st, entry)
         accs = [builder.phi(v.type) for v in inits]
         for phi, v in zip(accs, inits):
             phi.add_incoming(v, entry)

@@ -390,6 +390,10 @@ if HAVE_KERNEL:
 
     #: public name of :func:`_blocks` (the compiled split of :mod:`._conv_split`)
     blocks_range = _blocks
+    #: the IR pieces and the plane transposes shared with :mod:`._conv_blocked`
+    transpose16, permute, tail_shift, lanes_below, mload_store_fns = (
+        _transpose16, _permute, _tail_shift, _lanes_below, _mload_store_fns)
+    planes_in = _planes_in
 
 
 def applies(x_shape, w_shape, group: int, out_shape) -> bool:

@@ -190,6 +190,9 @@ class Conv(_PackedWeightConv):
         ap = cdr.act_params(act, params)
         if ap is None:
             return None
+        y = self._blocked(x, w, b, z, ap)
+        if y is not None:
+            return y
         plan = self._cached("_dplan_cache", (x.shape, w.shape),
                             lambda: self._direct_plan(x.shape, w.shape))
         if plan is False:
@@ -208,6 +211,35 @@ class Conv(_PackedWeightConv):
                                   plan.y_shape[3], plan.mr)
         y = cdr.run(plan, x, wp, b, z, *ap)
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
+        return y
+
+    def _blocked(self, x, w, b, z, ap):
+        """The convolution by :mod:`._conv_blocked`'s channel blocks (float32
+        4-D, one group, small planes: :func:`._conv_blocked.applies`), or
+        None where it does not apply."""
+        from . import _conv_blocked as cb
+        group = int(self.node.attr("group", 1))
+        if not cb.ENABLED or group != 1 or x.shape[1] != w.shape[1]:
+            return None
+        kernel, strides, dil, out, pb, pe = self._cached(
+            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
+        if tuple(kernel) != tuple(w.shape[2:]) or not cb.applies(x.shape, w.shape, 1, out):
+            return None
+        m = w.shape[0]
+        if b is not None and np.size(b) != m:
+            return None
+        if z is not None and z.shape != (x.shape[0], m, *out):
+            return None
+        if self._wpack is not None:  # a constant weight: packed once
+            wt, groups, _ = self._cached("_cb_cache", w.shape, lambda: cb.pack(w, None))
+            bt = cb.pack_bias(b, m)
+        else:
+            wt, groups, bt = cb.pack(w, b)
+        from . import _conv_direct as cdr, _conv_split
+        work = 2 * x.shape[0] * m * out[0] * out[1] * w.shape[1] * kernel[0] * kernel[1]
+        threads = cdr.current_threads() if work >= _conv_split.MIN_CONV_FLOPS else 1
+        y = cb.run(x, wt, groups, bt, kernel, strides, dil, pb, m, out, z, *ap, threads=threads)
+        tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks", kernel)
         return y
 
     def _depthwise(self, x, w, b, z, act: str, params=()):

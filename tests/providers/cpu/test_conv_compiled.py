@@ -523,7 +523,8 @@ def test_absent_residual_operand_spans_the_output(case, residual, threads, monke
     splits; values as onnxruntime's."""
     if not (_conv_numba.HAVE_NUMBA and _conv_direct.HAVE_KERNEL):
         pytest.skip("the compiled kernels are not built")
-    from actorrt.providers.cpu import _conv_split
+    from actorrt.providers.cpu import _conv_blocked, _conv_split
+    monkeypatch.setattr(_conv_blocked, "ENABLED", False)  # its own test: test_conv_blocked.py
     seen = []
 
     def spans(z, y, has_z):
@@ -589,12 +590,14 @@ def test_gemm_splits_rows_of_small_planes(case, split, monkeypatch):
 
 
 @pytest.mark.parametrize("channels, direct", [(384, True), (768, False)])
-def test_weight_bytes_bound_of_the_direct_kernel(channels, direct):
+def test_weight_bytes_bound_of_the_direct_kernel(channels, direct, monkeypatch):
     """A 3x3 conv with 5.3 MB of weights (384 -> 384) takes the direct kernel
     (under WIDE_MAX_WEIGHT_BYTES, 16 MB), one with 21 MB (768 -> 768) the
     GEMM path; onnxruntime's values either way."""
     if not (_conv_direct.HAVE_KERNEL and _conv_direct.VW == 16 and _conv_direct.WIDE_ALL):
         pytest.skip("the 16-lane direct tiles are not built")
+    from actorrt.providers.cpu import _conv_blocked
+    monkeypatch.setattr(_conv_blocked, "ENABLED", False)  # (it takes these shapes)
     case = (1, channels, 5, 4, channels, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, None)
     assert (4 * channels * channels * 9 <= _conv_direct.WIDE_MAX_WEIGHT_BYTES) == direct
     model, x = _model(case)

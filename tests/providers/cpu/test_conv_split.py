@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _dw_blocked, _partner, _pool_direct, \
-    _pool_flat
+from actorrt.providers.cpu import _conv_blocked, _conv_direct, _conv_numba, _conv_split, _dw_blocked, \
+    _partner, _pool_direct, _pool_flat
 
 from .test_conv_compiled import CASES as CONV_CASES, WIDE_CASES, _model
 from .test_pool_compiled import CASES as POOL_CASES
@@ -95,6 +95,8 @@ def test_conv_split_matches_onnxruntime(case, mode, monkeypatch, posted):
             assert fns == ({_conv_split.DWB_ITEMS} if n * -(-c // 16) > 1 else set())
         else:
             assert fns == ({_conv_split.DW_ITEMS} if n * m > 1 else set())
+    elif direct and _conv_blocked.applies(x.shape, (m, c // g, *case[5]), g, want.shape[2:]):
+        assert fns <= {_conv_split.CB_IMAGES, _conv_split.CB_IN, _conv_split.CB_TILES}, fns
     elif direct:  # (one work item, as a 3x3 output in one tile: nothing to split)
         assert fns <= {_conv_split.CONV_ITEMS, _conv_split.COPY_ITEMS}
         if case in MORE_CONV_CASES:

@@ -1,0 +1,415 @@
+"""Channel-blocked direct convolution for small planes: 16 output channels a
+vector, onnxruntime's NCHWc arrangement formed per call from NCHW data.
+
+The direct kernel of :mod:`._conv_direct` vectorizes over an output row's
+pixels; on 4x4 to 14x14 planes most of its lanes are idle or its channel
+tiles pay a scattered store (1.2-1.5x onnxruntime per layer, 3x in resnetish's
+4x4 and 8x8 layers in the model). Here, per image:
+
+1. every 16-channel block of the input goes into a zero-padded channels-last
+   scratch ``xs (ICB, HP, WP, 16)`` by the 16 x 16 in-register transposes of
+   :mod:`._dw_blocked`;
+2. a tile of ``P`` output pixels (flat: a tile may span rows) x ``B``
+   16-channel output blocks keeps ``P * B`` accumulators in registers; per
+   reduction index ``k = (icb, kh, kw, lane)`` it loads ``B`` weight vectors
+   and broadcasts ``P`` input values: ``acc[p, b] += xs[pix[p] + toffs[k]] *
+   wt[k, b]``, the raw sums stored channels-last ``os (OCB, OH*OW, 16)``;
+3. the same transposes take every output block back to 16 planes, adding the
+   bias, the residual ``z`` (read in NCHW, contiguous) and the activation on
+   the way.
+
+The transposes cost ``O(C * H * W)`` a call against the convolution's
+``O(C * M * KH * KW * OH * OW)``: on small planes with many channels they
+are a few percent of the call.
+
+* :data:`HAVE_KERNEL` -- built (numba, AVX-512 16-lane vectors).
+* :func:`applies` -- whether a conv of these shapes takes this kernel.
+* :func:`pack` -- weights ``(M, C, KH, KW)`` into the tiles' order.
+* :func:`run` -- ``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v =
+  conv(x, w) + bias (+ z)``, float32 ``x (N, C, H, W)`` -> ``y (N, M, OH,
+  OW)``.
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import functools
+
+import numpy as np
+
+from . import _dw_blocked as _dwb
+
+__all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "MIN_INTENSITY", "MIN_INTENSITY_1X1", "K_BLOCK_BYTES", "applies", "pack",
+           "pack_bias", "run"]
+
+LANES = 16
+#: pixels a tile for ``B`` output blocks (``P * B`` = 24 accumulators of 32 zmm)
+TILE_PIXELS = {1: 16, 2: 8, 3: 6, 4: 6}
+_P1, _P2, _P3, _P4 = (TILE_PIXELS[b] for b in (1, 2, 3, 4))
+HAVE_KERNEL = _dwb.HAVE_KERNEL
+#: take this kernel where :func:`applies`
+ENABLED = True
+#: output planes of at most this many pixels (larger: the direct kernel's row
+#: tiles; per layer, 1 thread, blocked / direct: 3x3 64 on 56x56 0.85, 3x3 128
+#: on 28x28 0.84, 3x3 256 on 14x14 0.67; models up to 1 << 30 pixels:
+#: vgg19 0.93, resnet50 / inception_v2 / mobilenetish 1.00-1.04)
+MAX_PIXELS = 4096
+#: a tile's reduction runs in blocks of about this many bytes of its group's
+#: weights (kept in L2 across the pixel tiles; 3x3 512 on 7x7 holds 1.2 MB a
+#: group)
+K_BLOCK_BYTES = 1 << 18
+#: input and output channels filling at least this share of their blocks
+MIN_FILL = 0.75
+#: multiply-adds per transposed value at least this: ``C * M * KH * KW / (C +
+#: M)`` (the transposes move ``C + M`` values a pixel, the tiles do ``C * M *
+#: KH * KW`` multiply-adds). Per layer, blocked / direct: 1x1 96 -> 16 (13.7)
+#: 1.55, 128 -> 32 (25.6) 1.26, 32 -> 128 (25.6) 1.05, 256 -> 64 (51) 0.95,
+#: 1024 -> 256 on 14x14 (205) 0.80; 3x3 16 -> 64 (115) 0.88
+MIN_INTENSITY = 48
+#: ... for 1x1 convolutions (the direct kernel / the GEMM read their input
+#: in place): in resnet50, 1x1 64 -> 256 on 56x56 (51) 1.1-1.45, 128 -> 512
+#: on 28x28 (102) 0.72-0.90, 1024 -> 256 on 14x14 (205) 0.91
+MIN_INTENSITY_1X1 = 96
+
+if HAVE_KERNEL:
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    from . import _conv_tiles as _ct
+
+    _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+    _V = ir.VectorType
+    _as_i64, _splat, _vptr = _ct.as_i64, _ct.splat, _ct.vec_ptr
+
+    def _tile_codegen(npix_max: int, nb: int):
+        """``P = npix_max`` pixels x ``B = nb`` output blocks, reduction
+        indices ``k0 <= k < k1``: ``acc[p, b] = sum_k xs[pix[p0 + p] +
+        toffs[k]] * wt[w_off + (k * B + b) * 16 : +16]``, starting from 0
+        (``k0 == 0``) or from the sums stored so far, stored raw to ``os[o_off
+        + b * ohw16 + (p0 + p) * 16 : +16]`` for ``p < npix`` (pixels past
+        ``npix`` compute pixel ``p0``'s sums, stored nowhere)."""
+        def codegen(context, builder, sig, args):
+            xa, pa, ta, wa, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                                  for i in (0, 1, 4, 6, 8))
+            p0, npix, k0, kk, w_off, o_off, ohw16 = (
+                _as_i64(builder, args[i]) for i in (2, 3, 5, 11, 7, 9, 10))
+            vf = _V(_f32, LANES)
+            fast = ("fast",)
+            zero = ir.Constant(vf, [0.0] * LANES)
+            bases, outs = [], []
+            for p in range(npix_max):
+                at = builder.select(builder.icmp_signed("<", _i64(p), npix),
+                                    builder.add(p0, _i64(p)), p0)
+                bases.append(builder.load(builder.gep(pa, [at])))
+                outs.append([builder.add(builder.add(o_off, builder.mul(_i64(b), ohw16)),
+                                         builder.mul(at, _i64(LANES))) for b in range(nb)])
+            # a later reduction block starts from the sums stored so far
+            first = builder.icmp_signed("==", k0, _i64(0))
+            inits = [builder.select(first, zero, builder.load(_vptr(builder, oa, outs[p][b],
+                                                                    LANES), align=4))
+                     for p in range(npix_max) for b in range(nb)]
+            entry, loop, done, k, accs = _ct.open_loop(builder, kk, npix_max * nb, None, "cbt",
+                                                       start=k0, inits=inits)
+            t = builder.load(builder.gep(ta, [k]))
+            wb = builder.add(w_off, builder.mul(k, _i64(LANES * nb)))
+            wv = [builder.load(_vptr(builder, wa, builder.add(wb, _i64(LANES * b)), LANES),
+                               align=4) for b in range(nb)]
+            new = []
+            for p in range(npix_max):
+                xv = _splat(builder, builder.load(builder.gep(xa, [builder.add(bases[p], t)])),
+                            LANES)
+                for b in range(nb):
+                    new.append(builder.fadd(accs[p * nb + b],
+                                            builder.fmul(wv[b], xv, flags=fast), flags=fast))
+            finals = _ct.close_loop(builder, kk, entry, loop, done, k, accs, new, None,
+                                    inits=inits)
+            for p in range(npix_max):
+                with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
+                    for b in range(nb):
+                        builder.store(finals[p * nb + b], _vptr(builder, oa, outs[p][b], LANES),
+                                      align=4)
+            return context.get_dummy_value()
+        return codegen
+
+    def _tile_intrinsic(nb: int):
+        def typer(typingctx, xs, pix, p0, npix, toffs, k0, wt, w_off, os_, o_off, ohw16, k1):
+            if any(getattr(a, "dtype", None) != types.float32 for a in (xs, wt, os_)):
+                return None
+            return (types.void(xs, pix, p0, npix, toffs, k0, wt, w_off, os_, o_off, ohw16, k1),
+                    _tile_codegen(TILE_PIXELS[nb], nb))
+        typer.__name__ = f"_cb_tile_{nb}"
+        return intrinsic(typer)
+
+    _tile1, _tile2, _tile3, _tile4 = (_tile_intrinsic(b) for b in (1, 2, 3, 4))
+
+    def _out_codegen(context, builder, sig, args):
+        """Pixels ``p0 .. p0 + count - 1`` of one output block: the raw sums
+        ``os[(p0 + i) * 16 : +16]`` transposed; channel ``l < nvalid``'s row
+        ``v + bias[b_off + l] (+ z at the row's place)``, the epilogue,
+        stored to ``y[y_off + l * ohw + p0 :][:count]`` (planes of at least
+        16 pixels; a tail chunk as the plane's last 16 lanes, those before
+        ``p0`` masked off, as :mod:`._dw_blocked`'s output transposes)."""
+        oa, ya, ba, za = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                          for i in (0, 2, 7, 9))
+        p0, y_off, ohw, nvalid, count, b_off, has_z = (_as_i64(builder, args[i])
+                                                       for i in (1, 3, 4, 5, 6, 8, 10))
+        alpha, lo, hi = args[11], args[12], args[13]
+        vf = _V(_f32, LANES)
+        fast = ("fast",)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        mload, mstore = _dwb.mload_store_fns(builder)
+        rows = []
+        for i in range(LANES):  # pixels past count read pixel p0 (stored nowhere)
+            at = builder.select(builder.icmp_signed("<", _i64(i), count),
+                                builder.mul(builder.add(p0, _i64(i)), _i64(LANES)),
+                                builder.mul(p0, _i64(LANES)))
+            rows.append(builder.load(_vptr(builder, oa, at, LANES), align=4))
+        full = builder.icmp_signed("==", count, _i64(LANES))
+        start = builder.select(full, p0, builder.sub(ohw, _i64(LANES)))
+        shift, iota = _dwb.tail_shift(builder, count)
+        idx = builder.select(full, iota, builder.sub(iota, _splat(builder, shift, LANES)))
+        cols = builder.select(full, _dwb.lanes_below(builder, _i64(LANES)), builder.icmp_signed(
+            ">=", ir.Constant(_V(_i64, LANES), list(range(LANES))),
+            _splat(builder, builder.sub(_i64(LANES), count), LANES)))
+        alv, lov, hiv = (_splat(builder, s, LANES) for s in (alpha, lo, hi))
+        zflag = builder.icmp_signed("!=", has_z, _i64(0))
+        for l, v in enumerate(_dwb.transpose16(builder, rows)):
+            valid = builder.icmp_signed("<", _i64(l), nvalid)
+            ok = builder.and_(cols, _splat(builder, valid, LANES, ty=_i1))
+            lane = builder.select(valid, _i64(l), _i64(0))
+            at = builder.add(builder.add(y_off, builder.mul(lane, ohw)), start)
+            v = _dwb.permute(builder, v, idx)
+            v = builder.fadd(v, _splat(builder, builder.load(builder.gep(
+                ba, [builder.add(b_off, lane)])), LANES), flags=fast)
+            zv = builder.call(mload, [_vptr(builder, za, at, LANES), _i32(4),
+                                      builder.and_(ok, _splat(builder, zflag, LANES, ty=_i1)),
+                                      zero])
+            v = builder.fadd(v, zv, flags=fast)
+            v = builder.select(builder.fcmp_ordered("<", v, zero), builder.fmul(v, alv, flags=fast), v)
+            v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+            v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+            builder.call(mstore, [v, _vptr(builder, ya, at, LANES), _i32(4), ok])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def _planes_out(typingctx, os_, p0, y, y_off, ohw, nvalid, count, bias, b_off, z, has_z,
+                    alpha, lo, hi):
+        if any(getattr(a, "dtype", None) != types.float32 for a in (os_, y, bias, z)) or \
+                any(f != types.float32 for f in (alpha, lo, hi)):
+            return None
+        return (types.void(os_, p0, y, y_off, ohw, nvalid, count, bias, b_off, z, has_z, alpha,
+                           lo, hi), _out_codegen)
+
+    @njit(nogil=True, cache=True)
+    def _in_range(x, xs, dst, c, hw, geo, n, start, stop):  # pragma: no cover - compiled
+        """Input blocks ``[start, stop)`` of image ``n`` into the scratch
+        ``xs`` (block ``b`` at ``b * HP * WP * 16``), its pad cells set to 0
+        (``geo``: ``h, w, pt, pl, hp, wp``)."""
+        h, w, pt, pl, hp, wp = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+        blk = hp * wp * LANES
+        for b in range(start, stop):
+            c0 = b * LANES
+            sub = xs[b * blk:(b + 1) * blk]
+            sub[:pt * wp * LANES] = 0.0
+            for iy in range(pt, pt + h):
+                r = iy * wp * LANES
+                sub[r:r + pl * LANES] = 0.0
+                sub[r + (pl + w) * LANES:r + wp * LANES] = 0.0
+            sub[(pt + h) * wp * LANES:] = 0.0
+            for p0 in range(0, hw, LANES):
+                _dwb.planes_in(x, (n * c + c0) * hw, hw, min(LANES, c - c0), p0, sub, dst,
+                               min(LANES, hw - p0))
+
+    @njit(nogil=True, cache=True)
+    def _tiles_range(xs, wt, bias, z, has_z, y, toffs, pix, groups, m, ohw, os_, alpha, lo, hi,
+                     n, chunk, nchunks, start, stop):  # pragma: no cover - compiled
+        """Items ``[start, stop)`` of image ``n``: item ``g * nchunks + q`` is
+        output group ``g`` (``groups`` row: first block, blocks, weight
+        offset) on pixels ``[q * chunk, (q + 1) * chunk)`` (``chunk`` a
+        multiple of 16): its tiles into ``os_``, then its blocks' output
+        transposes on those pixels."""
+        kk = toffs.size
+        ohw16 = ohw * LANES
+        for it in range(start, stop):
+            g = it // nchunks
+            q0 = (it % nchunks) * chunk
+            q1 = min(ohw, q0 + chunk)
+            b0 = groups[g, 0]
+            nb = groups[g, 1]
+            wo = groups[g, 2]
+            oo = b0 * ohw16
+            # reduction blocks of a group's weights of about K_BLOCK_BYTES
+            kb = max(LANES, K_BLOCK_BYTES // (nb * LANES * 4) // LANES * LANES)
+            for k0 in range(0, kk, kb):
+                k1 = min(kk, k0 + kb)
+                if nb == 4:
+                    for p0 in range(q0, q1, _P4):
+                        _tile4(xs, pix, p0, min(_P4, q1 - p0), toffs, k0, wt, wo, os_, oo, ohw16,
+                               k1)
+                elif nb == 3:
+                    for p0 in range(q0, q1, _P3):
+                        _tile3(xs, pix, p0, min(_P3, q1 - p0), toffs, k0, wt, wo, os_, oo, ohw16,
+                               k1)
+                elif nb == 2:
+                    for p0 in range(q0, q1, _P2):
+                        _tile2(xs, pix, p0, min(_P2, q1 - p0), toffs, k0, wt, wo, os_, oo, ohw16,
+                               k1)
+                else:
+                    for p0 in range(q0, q1, _P1):
+                        _tile1(xs, pix, p0, min(_P1, q1 - p0), toffs, k0, wt, wo, os_, oo, ohw16,
+                               k1)
+            for b in range(b0, b0 + nb):
+                c0 = b * LANES
+                sub = os_[b * ohw16:(b + 1) * ohw16]
+                for p0 in range(q0, q1, LANES):
+                    _planes_out(sub, p0, y, (n * m + c0) * ohw, ohw, min(LANES, m - c0),
+                                min(LANES, q1 - p0), bias, c0, z, has_z, alpha, lo, hi)
+
+    @njit(nogil=True, cache=True)
+    def _images(x, wt, bias, z, has_z, y, toffs, pix, dst, groups, c, hw, m, ohw, geo,
+                alpha, lo, hi, start, stop):  # pragma: no cover - compiled
+        """Whole images ``[start, stop)`` on scratch of their own."""
+        icb = (c + LANES - 1) // LANES
+        xs = np.empty(icb * geo[4] * geo[5] * LANES, np.float32)
+        os_ = np.empty((m + LANES - 1) // LANES * ohw * LANES, np.float32)
+        ng = groups.shape[0]
+        for n in range(start, stop):
+            _in_range(x, xs, dst, c, hw, geo, n, 0, icb)
+            _tiles_range(xs, wt, bias, z, has_z, y, toffs, pix, groups, m, ohw, os_, alpha, lo,
+                         hi, n, ohw, 1, 0, ng)
+
+    #: public names of the phases (the compiled split of :mod:`._conv_split`)
+    in_range, tiles_range, images = _in_range, _tiles_range, _images
+
+
+#: ``bias (M,)`` or None -> ``(ceil(M/16) * 16,)`` float32 (padded with 0)
+pack_bias = _dwb.pack_bias
+
+
+def _groups(ocb: int) -> list[int]:
+    """Output blocks per group: 4s, then one smaller group for the rest."""
+    out = [4] * (ocb // 4)
+    if ocb % 4:
+        out.append(ocb % 4)
+    return out
+
+
+def applies(x_shape, w_shape, group: int, out_shape) -> bool:
+    """A 2-D convolution with one group, input and output planes of 16 to
+    :data:`MAX_PIXELS` pixels (output), channels filling at least
+    :data:`MIN_FILL` of their 16-channel blocks and at least
+    :data:`MIN_INTENSITY` (1x1: :data:`MIN_INTENSITY_1X1`) multiply-adds per
+    transposed value."""
+    if not (HAVE_KERNEL and ENABLED and len(x_shape) == 4 and len(w_shape) == 4 and group == 1):
+        return False
+    c, m = x_shape[1], w_shape[0]
+    ohw = out_shape[0] * out_shape[1]
+    return LANES <= ohw <= MAX_PIXELS and x_shape[2] * x_shape[3] >= LANES and \
+        c * m * w_shape[2] * w_shape[3] >= (
+            MIN_INTENSITY_1X1 if w_shape[2] * w_shape[3] == 1 else MIN_INTENSITY) * (c + m) and \
+        c >= MIN_FILL * LANES * -(-c // LANES) and m >= MIN_FILL * LANES * -(-m // LANES)
+
+
+def pack(w: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w (M, C, KH, KW)`` -> the tiles' weights (flat float32: per group of
+    output blocks, per reduction index ``k = (icb, kh, kw, lane)``, the
+    group's ``B`` vectors of 16 output channels; padded channels 0), the
+    groups table ``(G, 3)`` int64 (first block, blocks, weight offset) and
+    the bias ``(ceil(M/16) * 16,)`` float32."""
+    m, c, kh, kw = w.shape
+    icb, ocb = -(-c // LANES), -(-m // LANES)
+    wp = np.zeros((ocb * LANES, icb * LANES, kh, kw), np.float32)
+    wp[:m, :c] = w
+    # (ocb, 16 o, icb, 16 l, kh, kw) -> (ocb, icb, kh, kw, l, o)
+    wr = wp.reshape(ocb, LANES, icb, LANES, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    kk = icb * kh * kw * LANES
+    parts, rows, off, b0 = [], [], 0, 0
+    for nb in _groups(ocb):
+        # (nb, k, 16) -> (k, nb, 16)
+        g = wr[b0:b0 + nb].reshape(nb, kk, LANES).transpose(1, 0, 2)
+        parts.append(np.ascontiguousarray(g).reshape(-1))
+        rows.append((b0, nb, off))
+        off += kk * nb * LANES
+        b0 += nb
+    return np.concatenate(parts), np.array(rows, np.int64), _dwb.pack_bias(bias, m)
+
+
+def _chunk(ohw: int, ngroups: int, threads: int) -> int:
+    """Pixels an item of the per-image split: a multiple of 48 (the tiles' 6,
+    8 and 16 pixels and the 16-pixel output transposes) giving about four
+    items a thread."""
+    want = -(-ohw * ngroups // (4 * threads))
+    per = max(1, -(-want // 48)) * 48
+    return min(per, -(-ohw // 16) * 16)
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow):
+    """``(toffs, pix, dst, geo)`` of a geometry (read-only int64 arrays;
+    ``geo`` = ``h, w, pt, pl, hp, wp``)."""
+    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
+    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
+    icb = -(-c // LANES)
+    blk = hp * wp * LANES
+    toffs = (np.arange(icb)[:, None, None, None] * blk
+             + (np.arange(kh)[None, :, None, None] * dh * wp
+                + np.arange(kw)[None, None, :, None] * dw) * LANES
+             + np.arange(LANES)[None, None, None, :]).reshape(-1).astype(np.int64)
+    oy, ox = np.divmod(np.arange(oh * ow), ow)
+    pix = ((oy * sh * wp + ox * sw) * LANES).astype(np.int64)
+    iy, ix = np.divmod(np.arange(h * w), w)
+    dst = (((iy + pt) * wp + ix + pl) * LANES).astype(np.int64)
+    geo = np.array([h, w, pt, pl, hp, wp], np.int64)
+    for a in (toffs, pix, dst, geo):
+        a.flags.writeable = False
+    return toffs, pix, dst, geo
+
+
+def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, kernel, strides,
+        dilations, pads_begin, m: int, out_shape, z=None, alpha: float = 1.0,
+        lo: float = -np.inf, hi: float = np.inf, threads: int = 1) -> np.ndarray:
+    """The convolution of float32 ``x (N, C, H, W)`` with :func:`pack`'s
+    ``wt`` / ``groups`` / ``bias`` (``m`` output channels): ``y (N, m, OH,
+    OW)`` float32; ``z`` (optional) a residual of y's shape; the epilogue
+    ``min(max(where(v < 0, alpha*v, v), lo), hi)``. Pads at the end are
+    implied by ``out_shape``. Input and output planes of at least 16 pixels,
+    else ValueError. ``threads > 1``: on the compiled partners (whole images
+    a thread, or per image the input blocks, then output groups x pixel
+    ranges), where there are partners."""
+    n, c, h, w = x.shape
+    oh, ow = out_shape
+    if h * w < LANES or oh * ow < LANES:
+        raise ValueError(f"_conv_blocked takes planes of at least {LANES} pixels, got "
+                         f"{(h, w)} -> {tuple(out_shape)}")
+    toffs, pix, dst, geo = _geometry(c, h, w, *kernel, *strides, *dilations, *pads_begin,
+                                     oh, ow)
+    y = np.empty((n, m, oh, ow), np.float32)
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    yf = y.reshape(-1)
+    # without z the masked-off z loads address y itself (never an absent page)
+    zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
+    args = (xf, wt, bias, zf, 0 if z is None else 1, yf, toffs, pix, dst, groups, c, h * w, m,
+            oh * ow, geo, np.float32(alpha), np.float32(lo), np.float32(hi))
+    if threads > 1:
+        from . import _conv_split
+        team = _conv_split.team_for(threads)
+        if team is not None and n >= threads:  # whole images a thread
+            if _conv_split.conv_blocked_images(team, args, n, threads):
+                return y
+        elif team is not None:  # per image: input blocks, then (group, pixels) items
+            xs = np.empty(-(-c // LANES) * int(geo[4] * geo[5]) * LANES, np.float32)
+            os_ = np.empty(-(-m // LANES) * LANES * oh * ow, np.float32)
+            chunk = _chunk(oh * ow, groups.shape[0], threads)
+            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
+                return y
+    _images(*args, 0, n)
+    return y
+    with _scratch(geo, xs_size, os_size) as (xs, os_):
+        if team is not None:  # per image: input blocks, then (group, pixels) items
+            chunk = _chunk(oh * ow, groups.shape[0], threads)
+            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
+                return y
+        _images(*args, xs, os_, 0, n)
+    return y

@@ -255,6 +255,24 @@ if HAVE_SPLIT:
         f[2] = alpha
 
     @njit(nogil=True, cache=True)
+    def _fill_cb(p, xf, wt, bias, zf, yf, toffs, pix, dst, xs, os_, groups, ep,
+                 geo):  # pragma: no cover
+        """The array slots of a channel-blocked conv block."""
+        p[0], p[1] = xf.ctypes.data, xf.size
+        p[2], p[3] = wt.ctypes.data, wt.size
+        p[4], p[5] = bias.ctypes.data, bias.size
+        p[6], p[7] = zf.ctypes.data, zf.size
+        p[8], p[9] = yf.ctypes.data, yf.size
+        p[10], p[11] = toffs.ctypes.data, toffs.size
+        p[12], p[13] = pix.ctypes.data, pix.size
+        p[14], p[15] = dst.ctypes.data, dst.size
+        p[16], p[17] = xs.ctypes.data, xs.size
+        p[18], p[19] = os_.ctypes.data, os_.size
+        p[20], p[21] = groups.ctypes.data, groups.shape[0]
+        p[22] = ep.ctypes.data
+        p[28] = geo.ctypes.data
+
+    @njit(nogil=True, cache=True)
     def _fill_copy(p, xf, buf, h, w):  # pragma: no cover
         p[0] = xf.ctypes.data
         p[1] = xf.size
@@ -524,11 +542,9 @@ def _cb_params(args, xs, os_) -> tuple[np.ndarray, np.ndarray]:
     (xf, wt, bias, zf, has_z, yf, toffs, pix, dst, groups, c, hw, m, ohw, geo,
      alpha, lo, hi) = args
     ep = np.array([alpha, lo, hi], np.float32)
-    p = np.array([_addr(xf), xf.size, _addr(wt), wt.size, _addr(bias), bias.size, _addr(zf),
-                  zf.size, _addr(yf), yf.size, _addr(toffs), toffs.size, _addr(pix), pix.size,
-                  _addr(dst), dst.size, _addr(xs), xs.size, _addr(os_), os_.size,
-                  _addr(groups), groups.shape[0], _addr(ep), has_z, c, hw, m, ohw, _addr(geo),
-                  0, 0, 0], np.int64)
+    p = np.empty(_CB_N, np.int64)
+    _fill_cb(p, xf, wt, bias, zf, yf, toffs, pix, dst, xs, os_, groups, ep, geo)
+    p[23:28] = has_z, c, hw, m, ohw
     return p, ep
 
 

@@ -216,15 +216,15 @@ class Conv(_PackedWeightConv):
     def _blocked(self, x, w, b, z, ap):
         """The convolution by :mod:`._conv_blocked`'s channel blocks (float32
         4-D, one group, small planes: :func:`._conv_blocked.applies`), or
-        None where it does not apply."""
+        None where it does not apply (decided once per input shapes)."""
         from . import _conv_blocked as cb
-        group = int(self.node.attr("group", 1))
-        if not cb.ENABLED or group != 1 or x.shape[1] != w.shape[1]:
+        if not cb.ENABLED:
             return None
-        kernel, strides, dil, out, pb, pe = self._cached(
-            "_geo_cache", (x.shape, w.shape), lambda: _geometry(self.node, x.shape, w.shape))
-        if tuple(kernel) != tuple(w.shape[2:]) or not cb.applies(x.shape, w.shape, 1, out):
+        plan = self._cached("_cbplan_cache", (x.shape, w.shape),
+                            lambda: self._blocked_plan(x.shape, w.shape))
+        if plan is None:
             return None
+        kernel, strides, dil, pb, out, split = plan
         m = w.shape[0]
         if b is not None and np.size(b) != m:
             return None
@@ -235,12 +235,26 @@ class Conv(_PackedWeightConv):
             bt = cb.pack_bias(b, m)
         else:
             wt, groups, bt = cb.pack(w, b)
-        from . import _conv_direct as cdr, _conv_split
-        work = 2 * x.shape[0] * m * out[0] * out[1] * w.shape[1] * kernel[0] * kernel[1]
-        threads = cdr.current_threads() if work >= _conv_split.MIN_CONV_FLOPS else 1
-        y = cb.run(x, wt, groups, bt, kernel, strides, dil, pb, m, out, z, *ap, threads=threads)
+        from . import _conv_direct as cdr
+        y = cb.run(x, wt, groups, bt, kernel, strides, dil, pb, m, out, z, *ap,
+                   threads=cdr.current_threads() if split else 1)
         tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks", kernel)
         return y
+
+    def _blocked_plan(self, x_shape, w_shape):
+        """``(kernel, strides, dilations, pads_begin, out, split)`` where
+        :mod:`._conv_blocked` takes these shapes, else None."""
+        from . import _conv_blocked as cb
+        if int(self.node.attr("group", 1)) != 1 or len(x_shape) != 4 \
+                or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
+            return None
+        kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
+        if tuple(kernel) != tuple(w_shape[2:]) or not cb.applies(x_shape, w_shape, 1, out):
+            return None
+        from . import _conv_split
+        work = 2 * x_shape[0] * w_shape[0] * out[0] * out[1] * w_shape[1] * kernel[0] * kernel[1]
+        return (tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out),
+                work >= _conv_split.MIN_CONV_FLOPS)
 
     def _depthwise(self, x, w, b, z, act: str, params=()):
         """A 2-D depthwise conv (one input channel per group) with bias, Z and

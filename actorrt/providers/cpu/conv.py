@@ -66,6 +66,10 @@ def _conv_flops(node: NodeSpec) -> float:
     return 2.0 * math.prod(yt.static_shape) * math.prod(wt.static_shape[1:])
 
 
+#: a cache marker: nothing cached / the kernel never applies to this node
+_NEVER = object()
+
+
 def _finish(y: np.ndarray, b, out_dtype) -> np.ndarray:
     if b is not None:
         y += np.asarray(b, dtype=y.dtype).reshape((1, -1) + (1,) * (y.ndim - 2))
@@ -217,12 +221,24 @@ class Conv(_PackedWeightConv):
         """The convolution by :mod:`._conv_blocked`'s channel blocks (float32
         4-D, one group, small planes: :func:`._conv_blocked.applies`), or
         None where it does not apply (decided once per input shapes)."""
+        cache = self.__dict__.get("_cbplan_cache")
+        if cache is None:
+            if int(self.node.attr("group", 1)) != 1:  # never this kernel's case
+                self._cbplan_cache = cache = _NEVER
+            else:
+                self._cbplan_cache = cache = {}
+        if cache is _NEVER:
+            return None
+        key = (x.shape, w.shape)
+        plan = cache.get(key, _NEVER)
+        if plan is _NEVER:
+            if len(cache) >= self._CACHE_SIZE:
+                cache.clear()
+            plan = cache[key] = self._blocked_plan(x.shape, w.shape)
+        if plan is None:
+            return None
         from . import _conv_blocked as cb
         if not cb.ENABLED:
-            return None
-        plan = self._cached("_cbplan_cache", (x.shape, w.shape),
-                            lambda: self._blocked_plan(x.shape, w.shape))
-        if plan is None:
             return None
         kernel, strides, dil, pb, out, split = plan
         m = w.shape[0]

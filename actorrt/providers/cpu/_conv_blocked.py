@@ -40,8 +40,10 @@ import numpy as np
 
 from . import _dw_blocked as _dwb
 
-__all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "MIN_INTENSITY", "MIN_INTENSITY_1X1", "K_BLOCK_BYTES", "applies", "pack",
-           "pack_bias", "run"]
+__all__ = ["HAVE_KERNEL", "ENABLED", "IMAGE_CHUNK", "K_BLOCK_BYTES", "MAX_PIXELS", "MIN_FILL",
+           "MIN_INTENSITY", "MIN_INTENSITY_1X1", "PLANES_MAX_CHANNELS", "PLANES_MAX_PIXELS",
+           "PLANES_MIN_REDUCTION", "applies", "fits", "pack", "pack_bias", "planes_applies",
+           "planes_fit", "run"]
 
 LANES = 16
 #: pixels a tile for ``B`` output blocks (``P * B`` = 24 accumulators of 32 zmm)
@@ -59,6 +61,15 @@ MAX_PIXELS = 4096
 #: weights (kept in L2 across the pixel tiles; 3x3 512 on 7x7 holds 1.2 MB a
 #: group)
 K_BLOCK_BYTES = 1 << 18
+#: inputs of at most this many channels (stems) are read as channel planes
+PLANES_MAX_CHANNELS = 8
+#: ... for outputs of at most this many pixels
+PLANES_MAX_PIXELS = 1 << 16
+#: ... and reductions (``C * KH * KW``) of at least this many values
+PLANES_MIN_REDUCTION = 27
+#: pixels a range of one thread's image (a multiple of 48: the tiles' 6, 8 and 16
+#: pixels, the 16-pixel output transposes): a range's sums stay in L2
+IMAGE_CHUNK = 768
 #: input and output channels filling at least this share of their blocks
 MIN_FILL = 0.75
 #: multiply-adds per transposed value at least this: ``C * M * KH * KW / (C +
@@ -204,20 +215,28 @@ if HAVE_KERNEL:
 
     @njit(nogil=True, cache=True)
     def _in_range(x, xs, dst, c, hw, geo, n, start, stop):  # pragma: no cover - compiled
-        """Input blocks ``[start, stop)`` of image ``n`` into the scratch
-        ``xs`` (block ``b`` at ``b * HP * WP * 16``), its pad cells set to 0
-        (``geo``: ``h, w, pt, pl, hp, wp``)."""
-        h, w, pt, pl, hp, wp = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-        blk = hp * wp * LANES
+        """Input items ``[start, stop)`` of image ``n`` into the scratch ``xs``,
+        their pad cells set to 0 (``geo``: ``h, w, pt, pl, hp, wp, lanes,
+        items``): with 16 lanes an item is a 16-channel block (at ``b * HP *
+        WP * 16``, channels last), with 1 a channel plane (at ``b * HP *
+        WP``, row copies)."""
+        h, w, pt, pl, hp, wp, ln = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+        blk = hp * wp * ln
         for b in range(start, stop):
-            c0 = b * LANES
             sub = xs[b * blk:(b + 1) * blk]
-            sub[:pt * wp * LANES] = 0.0
+            sub[:pt * wp * ln] = 0.0
             for iy in range(pt, pt + h):
-                r = iy * wp * LANES
-                sub[r:r + pl * LANES] = 0.0
-                sub[r + (pl + w) * LANES:r + wp * LANES] = 0.0
-            sub[(pt + h) * wp * LANES:] = 0.0
+                r = iy * wp * ln
+                sub[r:r + pl * ln] = 0.0
+                sub[r + (pl + w) * ln:r + wp * ln] = 0.0
+            sub[(pt + h) * wp * ln:] = 0.0
+            if ln == 1:
+                src = (n * c + b) * hw
+                for iy in range(h):
+                    r = (iy + pt) * wp + pl
+                    sub[r:r + w] = x[src + iy * w:src + (iy + 1) * w]
+                continue
+            c0 = b * LANES
             for p0 in range(0, hw, LANES):
                 _dwb.planes_in(x, (n * c + c0) * hw, hw, min(LANES, c - c0), p0, sub, dst,
                                min(LANES, hw - p0))
@@ -225,16 +244,17 @@ if HAVE_KERNEL:
     @njit(nogil=True, cache=True)
     def _tiles_range(xs, wt, bias, z, has_z, y, toffs, pix, groups, m, ohw, os_, alpha, lo, hi,
                      n, chunk, nchunks, start, stop):  # pragma: no cover - compiled
-        """Items ``[start, stop)`` of image ``n``: item ``g * nchunks + q`` is
+        """Items ``[start, stop)`` of image ``n``: item ``q * ngroups + g`` is
         output group ``g`` (``groups`` row: first block, blocks, weight
         offset) on pixels ``[q * chunk, (q + 1) * chunk)`` (``chunk`` a
         multiple of 16): its tiles into ``os_``, then its blocks' output
         transposes on those pixels."""
         kk = toffs.size
         ohw16 = ohw * LANES
+        ng = groups.shape[0]
         for it in range(start, stop):
-            g = it // nchunks
-            q0 = (it % nchunks) * chunk
+            g = it % ng
+            q0 = (it // ng) * chunk
             q1 = min(ohw, q0 + chunk)
             b0 = groups[g, 0]
             nb = groups[g, 1]
@@ -270,15 +290,17 @@ if HAVE_KERNEL:
     @njit(nogil=True, cache=True)
     def _images(x, wt, bias, z, has_z, y, toffs, pix, dst, groups, c, hw, m, ohw, geo,
                 alpha, lo, hi, start, stop):  # pragma: no cover - compiled
-        """Whole images ``[start, stop)`` on scratch of their own."""
-        icb = (c + LANES - 1) // LANES
-        xs = np.empty(icb * geo[4] * geo[5] * LANES, np.float32)
+        """Whole images ``[start, stop)`` on scratch of their own, in pixel
+        ranges of :data:`IMAGE_CHUNK`."""
+        xs = np.empty(geo[7] * geo[4] * geo[5] * geo[6], np.float32)
         os_ = np.empty((m + LANES - 1) // LANES * ohw * LANES, np.float32)
         ng = groups.shape[0]
+        chunk = min(IMAGE_CHUNK, (ohw + LANES - 1) // LANES * LANES)
+        nchunks = (ohw + chunk - 1) // chunk
         for n in range(start, stop):
-            _in_range(x, xs, dst, c, hw, geo, n, 0, icb)
+            _in_range(x, xs, dst, c, hw, geo, n, 0, geo[7])
             _tiles_range(xs, wt, bias, z, has_z, y, toffs, pix, groups, m, ohw, os_, alpha, lo,
-                         hi, n, ohw, 1, 0, ng)
+                         hi, n, chunk, nchunks, 0, ng * nchunks)
 
     #: public names of the phases (the compiled split of :mod:`._conv_split`)
     in_range, tiles_range, images = _in_range, _tiles_range, _images
@@ -302,7 +324,12 @@ def applies(x_shape, w_shape, group: int, out_shape) -> bool:
     :data:`MIN_FILL` of their 16-channel blocks and at least
     :data:`MIN_INTENSITY` (1x1: :data:`MIN_INTENSITY_1X1`) multiply-adds per
     transposed value."""
-    if not (HAVE_KERNEL and ENABLED and len(x_shape) == 4 and len(w_shape) == 4 and group == 1):
+    return ENABLED and fits(x_shape, w_shape, group, out_shape)
+
+
+def fits(x_shape, w_shape, group: int, out_shape) -> bool:
+    """:func:`applies` whether or not :data:`ENABLED` (the shapes' rule)."""
+    if not (HAVE_KERNEL and len(x_shape) == 4 and len(w_shape) == 4 and group == 1):
         return False
     c, m = x_shape[1], w_shape[0]
     ohw = out_shape[0] * out_shape[1]
@@ -312,19 +339,46 @@ def applies(x_shape, w_shape, group: int, out_shape) -> bool:
         c >= MIN_FILL * LANES * -(-c // LANES) and m >= MIN_FILL * LANES * -(-m // LANES)
 
 
-def pack(w: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def planes_applies(x_shape, w_shape, group: int, out_shape, strides=(1, 1)) -> bool:
+    """A 2-D convolution with one group and at most :data:`PLANES_MAX_CHANNELS`
+    input channels (an RGB stem), read as channel planes (no input
+    transposes): strided (both strides' product at least 4), 16 to
+    :data:`PLANES_MAX_PIXELS` output pixels, a multiple of 16 output channels
+    from 32, a reduction of at least :data:`PLANES_MIN_REDUCTION` values."""
+    return ENABLED and planes_fit(x_shape, w_shape, group, out_shape, strides)
+
+
+def planes_fit(x_shape, w_shape, group: int, out_shape, strides=(1, 1)) -> bool:
+    """:func:`planes_applies` whether or not :data:`ENABLED`. Per stem, 1
+    thread, this path / the direct kernel: 7x7 / 2 3 -> 64 on 224x224 0.87,
+    11x11 / 4 3 -> 96 0.82, 3x3 / 2 3 -> 32 on 160x160 0.92; declined: 3x3 / 1
+    3 -> 64 on 224x224 1.35, 3x3 / 2 3 -> 24 1.46, 7x7 / 2 3 -> 16 1.28."""
+    if not (HAVE_KERNEL and len(x_shape) == 4 and len(w_shape) == 4 and group == 1):
+        return False
+    c, m = x_shape[1], w_shape[0]
+    ohw = out_shape[0] * out_shape[1]
+    return c <= PLANES_MAX_CHANNELS and LANES <= ohw <= PLANES_MAX_PIXELS and \
+        strides[0] * strides[1] >= 4 and m >= 2 * LANES and m % LANES == 0 and \
+        x_shape[2] * x_shape[3] >= LANES and c * w_shape[2] * w_shape[3] >= PLANES_MIN_REDUCTION
+
+
+def pack(w: np.ndarray, bias, planes: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``w (M, C, KH, KW)`` -> the tiles' weights (flat float32: per group of
-    output blocks, per reduction index ``k = (icb, kh, kw, lane)``, the
+    output blocks, per reduction index ``k`` -- ``(icb, kh, kw, lane)``, or
+    with ``planes`` (an input read as channel planes) ``(c, kh, kw)`` -- the
     group's ``B`` vectors of 16 output channels; padded channels 0), the
     groups table ``(G, 3)`` int64 (first block, blocks, weight offset) and
     the bias ``(ceil(M/16) * 16,)`` float32."""
     m, c, kh, kw = w.shape
-    icb, ocb = -(-c // LANES), -(-m // LANES)
-    wp = np.zeros((ocb * LANES, icb * LANES, kh, kw), np.float32)
+    ocb = -(-m // LANES)
+    ci = c if planes else -(-c // LANES) * LANES
+    wp = np.zeros((ocb * LANES, ci, kh, kw), np.float32)
     wp[:m, :c] = w
-    # (ocb, 16 o, icb, 16 l, kh, kw) -> (ocb, icb, kh, kw, l, o)
-    wr = wp.reshape(ocb, LANES, icb, LANES, kh, kw).transpose(0, 2, 4, 5, 3, 1)
-    kk = icb * kh * kw * LANES
+    if planes:  # (ocb, 16 o, c, kh, kw) -> (ocb, c, kh, kw, o)
+        wr = wp.reshape(ocb, LANES, c, kh, kw).transpose(0, 2, 3, 4, 1)
+    else:  # (ocb, 16 o, icb, 16 l, kh, kw) -> (ocb, icb, kh, kw, l, o)
+        wr = wp.reshape(ocb, LANES, ci // LANES, LANES, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    kk = ci * kh * kw
     parts, rows, off, b0 = [], [], 0, 0
     for nb in _groups(ocb):
         # (nb, k, 16) -> (k, nb, 16)
@@ -346,22 +400,24 @@ def _chunk(ohw: int, ngroups: int, threads: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow):
+def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, planes=False):
     """``(toffs, pix, dst, geo)`` of a geometry (read-only int64 arrays;
-    ``geo`` = ``h, w, pt, pl, hp, wp``)."""
+    ``geo`` = ``h, w, pt, pl, hp, wp, lanes, items``: 16 lanes and ``C/16``
+    input blocks, or with ``planes`` 1 lane and ``C`` channel planes)."""
     hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
     wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
-    icb = -(-c // LANES)
-    blk = hp * wp * LANES
-    toffs = (np.arange(icb)[:, None, None, None] * blk
+    ln = 1 if planes else LANES
+    items = c if planes else -(-c // LANES)
+    blk = hp * wp * ln
+    toffs = (np.arange(items)[:, None, None, None] * blk
              + (np.arange(kh)[None, :, None, None] * dh * wp
-                + np.arange(kw)[None, None, :, None] * dw) * LANES
-             + np.arange(LANES)[None, None, None, :]).reshape(-1).astype(np.int64)
+                + np.arange(kw)[None, None, :, None] * dw) * ln
+             + np.arange(ln)[None, None, None, :]).reshape(-1).astype(np.int64)
     oy, ox = np.divmod(np.arange(oh * ow), ow)
-    pix = ((oy * sh * wp + ox * sw) * LANES).astype(np.int64)
+    pix = ((oy * sh * wp + ox * sw) * ln).astype(np.int64)
     iy, ix = np.divmod(np.arange(h * w), w)
-    dst = (((iy + pt) * wp + ix + pl) * LANES).astype(np.int64)
-    geo = np.array([h, w, pt, pl, hp, wp], np.int64)
+    dst = (((iy + pt) * wp + ix + pl) * ln).astype(np.int64)
+    geo = np.array([h, w, pt, pl, hp, wp, ln, items], np.int64)
     for a in (toffs, pix, dst, geo):
         a.flags.writeable = False
     return toffs, pix, dst, geo
@@ -369,9 +425,12 @@ def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow):
 
 def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, kernel, strides,
         dilations, pads_begin, m: int, out_shape, z=None, alpha: float = 1.0,
-        lo: float = -np.inf, hi: float = np.inf, threads: int = 1) -> np.ndarray:
+        lo: float = -np.inf, hi: float = np.inf, threads: int = 1,
+        planes: bool = False) -> np.ndarray:
     """The convolution of float32 ``x (N, C, H, W)`` with :func:`pack`'s
-    ``wt`` / ``groups`` / ``bias`` (``m`` output channels): ``y (N, m, OH,
+    ``wt`` / ``groups`` / ``bias`` (``m`` output channels; ``planes``: packed
+    with ``planes``, the input read as channel planes, :func:`planes_applies`'
+    case): ``y (N, m, OH,
     OW)`` float32; ``z`` (optional) a residual of y's shape; the epilogue
     ``min(max(where(v < 0, alpha*v, v), lo), hi)``. Pads at the end are
     implied by ``out_shape``. Input and output planes of at least 16 pixels,
@@ -384,7 +443,7 @@ def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, ker
         raise ValueError(f"_conv_blocked takes planes of at least {LANES} pixels, got "
                          f"{(h, w)} -> {tuple(out_shape)}")
     toffs, pix, dst, geo = _geometry(c, h, w, *kernel, *strides, *dilations, *pads_begin,
-                                     oh, ow)
+                                     oh, ow, bool(planes))
     y = np.empty((n, m, oh, ow), np.float32)
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     yf = y.reshape(-1)
@@ -399,17 +458,10 @@ def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, ker
             if _conv_split.conv_blocked_images(team, args, n, threads):
                 return y
         elif team is not None:  # per image: input blocks, then (group, pixels) items
-            xs = np.empty(-(-c // LANES) * int(geo[4] * geo[5]) * LANES, np.float32)
+            xs = np.empty(int(geo[7] * geo[4] * geo[5] * geo[6]), np.float32)
             os_ = np.empty(-(-m // LANES) * LANES * oh * ow, np.float32)
             chunk = _chunk(oh * ow, groups.shape[0], threads)
             if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
                 return y
     _images(*args, 0, n)
-    return y
-    with _scratch(geo, xs_size, os_size) as (xs, os_):
-        if team is not None:  # per image: input blocks, then (group, pixels) items
-            chunk = _chunk(oh * ow, groups.shape[0], threads)
-            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
-                return y
-        _images(*args, xs, os_, 0, n)
     return y

@@ -198,7 +198,8 @@ if HAVE_SPLIT:
 
     # channel-blocked conv block: x, wt, bias, z, y, toffs, pix, dst, xs, os
     # (address, size each), groups (address, rows), ep (address: alpha, lo,
-    # hi), then has_z, c, hw, m, ohw, geo (address: h, w, pt, pl, hp, wp), n,
+    # hi), then has_z, c, hw, m, ohw, geo (address: h, w, pt, pl, hp, wp, lanes,
+    # items), n,
     # chunk, nchunks
     _CB_N = 32
     CB_IMAGES = CB_IN = CB_TILES = 0
@@ -212,14 +213,14 @@ if HAVE_SPLIT:
                        carray(_f32p(p[8]), (p[9],)), carray(_i64p(p[10]), (p[11],)),
                        carray(_i64p(p[12]), (p[13],)), carray(_i64p(p[14]), (p[15],)),
                        carray(_i64p(p[20]), (p[21], 3)), p[24], p[25], p[26], p[27],
-                       carray(_i64p(p[28]), (6,)), ep[0], ep[1], ep[2], i0, i1)
+                       carray(_i64p(p[28]), (8,)), ep[0], ep[1], ep[2], i0, i1)
 
         @cfunc(_SIG, nogil=True, cache=True)
         def _cb_in(params, i0, i1):  # pragma: no cover - compiled
             p = carray(_i64p(params), (_CB_N,))
             _cb.in_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[16]), (p[17],)),
                          carray(_i64p(p[14]), (p[15],)), p[24], p[25],
-                         carray(_i64p(p[28]), (6,)), p[29], i0, i1)
+                         carray(_i64p(p[28]), (8,)), p[29], i0, i1)
 
         @cfunc(_SIG, nogil=True, cache=True)
         def _cb_tiles(params, i0, i1):  # pragma: no cover - compiled
@@ -567,12 +568,12 @@ def conv_blocked_phases(team, args, xs: np.ndarray, os_: np.ndarray, chunk: int,
     if not CB_IN:
         return False
     p, ep = _cb_params(args, xs, os_)
-    c, ohw, groups = args[10], args[13], args[9]
+    ohw, groups = args[13], args[9]
     nchunks = -(-ohw // chunk)
     p[30], p[31] = chunk, nchunks
-    icb = -(-c // 16)
+    items = int(args[14][7])  # input blocks or planes
     for i in range(n):
         p[29] = i
-        _run(team, CB_IN, p, icb, threads)
+        _run(team, CB_IN, p, items, threads)
         _run(team, CB_TILES, p, groups.shape[0] * nchunks, threads)
     return True

@@ -240,37 +240,46 @@ class Conv(_PackedWeightConv):
         from . import _conv_blocked as cb
         if not cb.ENABLED:
             return None
-        kernel, strides, dil, pb, out, split = plan
+        kernel, strides, dil, pb, out, split, planes = plan
         m = w.shape[0]
         if b is not None and np.size(b) != m:
             return None
         if z is not None and z.shape != (x.shape[0], m, *out):
             return None
         if self._wpack is not None:  # a constant weight: packed once
-            wt, groups, _ = self._cached("_cb_cache", w.shape, lambda: cb.pack(w, None))
+            wt, groups, _ = self._cached("_cb_cache", (w.shape, planes),
+                                         lambda: cb.pack(w, None, planes))
             bt = cb.pack_bias(b, m)
         else:
-            wt, groups, bt = cb.pack(w, b)
+            wt, groups, bt = cb.pack(w, b, planes)
         from . import _conv_direct as cdr
         y = cb.run(x, wt, groups, bt, kernel, strides, dil, pb, m, out, z, *ap,
-                   threads=cdr.current_threads() if split else 1)
-        tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks", kernel)
+                   threads=cdr.current_threads() if split else 1, planes=planes)
+        tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks%s", kernel,
+                               " (input planes)" if planes else "")
         return y
 
     def _blocked_plan(self, x_shape, w_shape):
-        """``(kernel, strides, dilations, pads_begin, out, split)`` where
-        :mod:`._conv_blocked` takes these shapes, else None."""
+        """``(kernel, strides, dilations, pads_begin, out, split, planes)``
+        where :mod:`._conv_blocked` takes these shapes (``planes``: an input
+        of few channels read as planes), else None."""
         from . import _conv_blocked as cb
         if int(self.node.attr("group", 1)) != 1 or len(x_shape) != 4 \
                 or len(w_shape) != 4 or x_shape[1] != w_shape[1]:
             return None
         kernel, strides, dil, out, pb, pe = _geometry(self.node, x_shape, w_shape)
-        if tuple(kernel) != tuple(w_shape[2:]) or not cb.applies(x_shape, w_shape, 1, out):
+        if tuple(kernel) != tuple(w_shape[2:]):
+            return None
+        if cb.fits(x_shape, w_shape, 1, out):  # (ENABLED is checked per call)
+            planes = False
+        elif cb.planes_fit(x_shape, w_shape, 1, out, strides):
+            planes = True
+        else:
             return None
         from . import _conv_split
         work = 2 * x_shape[0] * w_shape[0] * out[0] * out[1] * w_shape[1] * kernel[0] * kernel[1]
         return (tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out),
-                work >= _conv_split.MIN_CONV_FLOPS)
+                work >= _conv_split.MIN_CONV_FLOPS, planes)
 
     def _depthwise(self, x, w, b, z, act: str, params=()):
         """A 2-D depthwise conv (one input channel per group) with bias, Z and

@@ -2,8 +2,9 @@
 (:mod:`._conv_blocked`) against a float64 numpy reference and, through a
 session, onnxruntime: kernel sizes, strides, dilations, asymmetric pads,
 channel counts that leave partial blocks, batches, a residual, the
-epilogue's clamps, reductions in several blocks, one and two threads (both
-partner splits: whole images and per image); and which shapes take it."""
+epilogue's clamps, reductions in several blocks, stems read as channel
+planes, one and two threads (both partner splits: whole images and per
+image); and which shapes take it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,16 @@ CASES = [
     (1, 256, 208, 7, 7, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),    # 1x1, 4 + 4 + 4 + 1 blocks
     (1, 128, 64, 30, 30, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),   # 900 pixels: many items
     (2, 64, 160, 8, 6, (3, 1), (1, 1), (1, 1), (1, 0, 1, 0)),     # 4 + 4 + 2 blocks
+]
+
+
+# stems read as channel planes (few input channels, strided)
+PLANE_CASES = [
+    (1, 3, 64, 64, 64, (7, 7), (2, 2), (1, 1), (3, 3, 3, 3)),
+    (2, 3, 32, 33, 35, (7, 7), (2, 2), (1, 1), (3, 3, 2, 3)),     # a batch, odd planes
+    (1, 3, 96, 50, 50, (11, 11), (4, 4), (1, 1), (2, 2, 2, 2)),   # alexnet-style
+    (1, 4, 32, 40, 40, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1)),
+    (1, 2, 48, 30, 30, (5, 5), (2, 2), (2, 1), (2, 2, 2, 2)),     # dilated, two channels
 ]
 
 
@@ -63,10 +74,10 @@ def _operands(case, residual):
     return x, w, bias, z
 
 
-def _run(case, x, w, bias, z, alpha, lo, hi, threads):
-    wt, groups, bt = _conv_blocked.pack(w, bias)
+def _run(case, x, w, bias, z, alpha, lo, hi, threads, planes=False):
+    wt, groups, bt = _conv_blocked.pack(w, bias, planes)
     return _conv_blocked.run(x, wt, groups, bt, case[5], case[6], case[7], case[8][:2], case[2],
-                             _out(case), z, alpha, lo, hi, threads)
+                             _out(case), z, alpha, lo, hi, threads, planes)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -78,6 +89,21 @@ def test_blocked_kernel_matches_the_reference(case, epilogue, threads):
     y = _run(case, x, w, bias, z, alpha, lo, hi, threads)
     np.testing.assert_allclose(y, _reference(x, w, bias, case, z, alpha, lo, hi),
                                rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("epilogue", ["none", "residual"])
+@pytest.mark.parametrize("case", PLANE_CASES)
+def test_input_planes_match_the_reference(case, epilogue, threads):
+    """Stems: the input read as zero-padded channel planes (no transposes),
+    the same tiles and output transposes."""
+    x, w, bias, z = _operands(case, epilogue == "residual")
+    assert _conv_blocked.planes_fit(x.shape, w.shape, 1, _out(case), case[6])
+    y = _run(case, x, w, bias, z, 1.0, 0.0, np.inf, threads, planes=True)
+    np.testing.assert_allclose(y, _reference(x, w, bias, case, z, 1.0, 0.0, np.inf),
+                               rtol=1e-5, atol=2e-5)
+    if threads == 2:
+        np.testing.assert_array_equal(y, _run(case, x, w, bias, z, 1.0, 0.0, np.inf, 1, True))
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[7]])
@@ -153,6 +179,13 @@ def test_which_shapes_take_it():
     assert not a((1, 3, 64, 64), (16, 3, 7, 7), 1, (32, 32))         # an RGB stem
     assert not a((1, 64, 56, 56), (256, 64, 1, 1), 1, (56, 56))      # 1x1, 51 per value
     assert a((1, 128, 28, 28), (512, 128, 1, 1), 1, (28, 28))        # 1x1, 102 per value
+    p = _conv_blocked.planes_fit
+    assert p((1, 3, 224, 224), (64, 3, 7, 7), 1, (112, 112), (2, 2))
+    assert not p((1, 3, 224, 224), (64, 3, 3, 3), 1, (224, 224), (1, 1))  # stride 1
+    assert not p((1, 3, 224, 224), (24, 3, 3, 3), 1, (112, 112), (2, 2))  # 24 channels
+    assert not p((1, 3, 64, 64), (16, 3, 7, 7), 1, (32, 32), (2, 2))      # one block
+    assert not p((1, 16, 64, 64), (64, 16, 7, 7), 1, (32, 32), (2, 2))    # 16 channels
+    assert not p((1, 1, 64, 64), (64, 1, 3, 3), 1, (32, 32), (2, 2))      # 9 values
     with pytest.raises(ValueError):
         _run((1, 16, 16, 3, 3, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
              *_operands((1, 16, 16, 3, 3, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)), False),
@@ -182,7 +215,7 @@ def _conv_model(case, act, residual):
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("act,residual", [("", False), ("Relu", True), ("LeakyRelu", False)])
-@pytest.mark.parametrize("case", [CASES[i] for i in (0, 2, 3, 5, 6)])
+@pytest.mark.parametrize("case", [CASES[i] for i in (0, 2, 3, 5, 6)] + PLANE_CASES[:3])
 def test_sessions_take_the_blocked_kernel_with_onnxruntimes_values(case, act, residual, threads):
     model, feeds = _conv_model(case, act, residual)
     want = ort.InferenceSession(model.SerializeToString(),

@@ -18,12 +18,20 @@ tiles pay a scattered store (1.2-1.5x onnxruntime per layer, 3x in resnetish's
    bias, the residual ``z`` (read in NCHW, contiguous) and the activation on
    the way.
 
-The transposes cost ``O(C * H * W)`` a call against the convolution's
-``O(C * M * KH * KW * OH * OW)``: on small planes with many channels they
-are a few percent of the call.
+The transposes cost ``O((C + M) * H * W)`` a call against the convolution's
+``O(C * M * KH * KW * OH * OW)``: :func:`applies` asks for enough
+multiply-adds per transposed value. An input of few channels (an RGB stem)
+is instead copied as zero-padded channel planes and broadcast from there
+(:func:`planes_applies`; the same tiles with element offsets).
+
+Threads: a batch of at least ``threads`` images splits whole images over
+the compiled partners of :mod:`._conv_split`; a smaller one runs per image
+the input blocks, then (output group, pixel range) items.
 
 * :data:`HAVE_KERNEL` -- built (numba, AVX-512 16-lane vectors).
-* :func:`applies` -- whether a conv of these shapes takes this kernel.
+* :func:`applies` / :func:`planes_applies` -- whether a conv of these shapes
+  takes this kernel (:func:`fits` / :func:`planes_fit`: the same rule
+  without :data:`ENABLED`).
 * :func:`pack` -- weights ``(M, C, KH, KW)`` into the tiles' order.
 * :func:`run` -- ``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v =
   conv(x, w) + bias (+ z)``, float32 ``x (N, C, H, W)`` -> ``y (N, M, OH,

@@ -199,8 +199,7 @@ if HAVE_SPLIT:
     # channel-blocked conv block: x, wt, bias, z, y, toffs, pix, dst, xs, os
     # (address, size each), groups (address, rows), ep (address: alpha, lo,
     # hi), then has_z, c, hw, m, ohw, geo (address: h, w, pt, pl, hp, wp, lanes,
-    # items), n,
-    # chunk, nchunks
+    # items), n, chunk, nchunks
     _CB_N = 32
     CB_IMAGES = CB_IN = CB_TILES = 0
     if _cb.HAVE_KERNEL:

@@ -21,7 +21,8 @@ parking) because the next convolution / pooling node comes soon.
 * :func:`conv_blocked_images` / :func:`conv_blocked_phases` -- :mod:`._conv_blocked`'s
   whole images, or per image its input blocks then (output group, pixels) items;
 * :func:`maxpool` -- the direct MaxPool's planes (copy and tiles of a plane
-  in one item).
+  in one item);
+* :func:`row_pool` -- :mod:`._pool_rows`' planes (MaxPool / AveragePool).
 
 Each returns False (nothing done) where the partners do not apply
 (:func:`team_for`: :data:`ENABLED` off, :data:`._partner.AVAILABLE` false,
@@ -50,7 +51,7 @@ from . import _partner
 
 __all__ = ["ENABLED", "SPLIT_BLOCKS", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
            "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK", "splits", "team_for",
-           "conv_rows", "phase_copy", "depthwise", "maxpool"]
+           "conv_rows", "phase_copy", "depthwise", "maxpool", "row_pool"]
 
 #: post the convolution / pooling items to the partner threads (tests switch
 #: it off to check the :mod:`._parallel` fallback)
@@ -234,7 +235,30 @@ if HAVE_SPLIT:
 
         CB_IMAGES, CB_IN, CB_TILES = _cb_images.address, _cb_in.address, _cb_tiles.address
 
+    from . import _pool_rows as _pr
+
+    # row pooling block: x, y, inv (address, size each), then the plan's 12
+    # ints (h, w, oh, ow, kh, kw, sh, sw, pt, pl, vlen, is_max)
+    _ROWPOOL_N = 18
+    ROWPOOL_ITEMS = 0
+    if _pr.HAVE_KERNEL:
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _rowpool_items(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_ROWPOOL_N,))
+            _pr.planes_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                             carray(_f32p(p[4]), (p[5],)), p[6], p[7], p[8], p[9], p[10],
+                             p[11], p[12], p[13], p[14], p[15], p[16], p[17] != 0, i0, i1)
+
+        ROWPOOL_ITEMS = _rowpool_items.address
+
     from numba import njit
+
+    @njit(nogil=True, cache=True)
+    def _fill_rowpool(p, xf, yf):  # pragma: no cover
+        p[0] = xf.ctypes.data
+        p[1] = xf.size
+        p[2] = yf.ctypes.data
+        p[3] = yf.size
 
     # the per-call slots of a template block (its constants are already in)
     @njit(nogil=True, cache=True)
@@ -485,6 +509,27 @@ def maxpool(plan, x: np.ndarray, buf: np.ndarray, y: np.ndarray, threads: int) -
                       + [_addr(offs), offs.size, _addr(y), y.size, offs.size,
                          int(np.prod(plan.xs_shape[2:])), oh, ow], np.int64)
     _run(team, POOL_ITEMS, params, n * c, threads)
+    return True
+
+
+def row_pool(plan, xf: np.ndarray, yf: np.ndarray, planes: int, threads: int) -> bool:
+    """:func:`._pool_rows.pool2d`'s planes (flat float32 ``xf`` of the plan's
+    input, ``yf`` its output) on the caller and its partners. False (nothing
+    done) without a team (:func:`team_for`) or the row kernel."""
+    team = team_for(threads)
+    if team is None or not ROWPOOL_ITEMS:
+        return False
+
+    def template():
+        p = np.zeros(_ROWPOOL_N, np.int64)
+        p[4], p[5] = _addr(plan.inv), plan.inv.size
+        p[6:] = plan.ints
+        return p
+
+    blk = _take(plan, "rowpool", template)
+    _fill_rowpool(blk.p, xf, yf)
+    _run_addr(team, ROWPOOL_ITEMS, blk.addr, planes, threads)
+    _give(plan, "rowpool", blk)
     return True
 
 

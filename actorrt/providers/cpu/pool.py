@@ -19,6 +19,7 @@ one unpadded window over the whole plane as the plane mean.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -43,14 +44,15 @@ def _compiled(x) -> object | None:
     return _pool_numba if _pool_numba.HAVE_NUMBA else None
 
 
-def _window_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
-    """(kernel, strides, dilations, out, pads_begin, pads_end_padded, pads_end_declared)."""
-    nd = x.ndim - 2
+def _window_setup(shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+    """(kernel, strides, dilations, out, pads_begin, pads_end_padded, pads_end_declared)
+    of a window over an input of ``shape`` ``(N, C, D1, ...)``."""
+    nd = len(shape) - 2
     if not kernel_shape:
         raise ValueError("pooling needs kernel_shape")
     kernel, strides, dil, pb, pe = spatial_params(nd, kernel_shape, strides, dilations, pads)
     auto_pad = decode_str(auto_pad, "NOTSET")
-    out, pb2, pe2 = conv_geometry(x.shape[2:], kernel, strides, dil, pb, pe, auto_pad,
+    out, pb2, pe2 = conv_geometry(shape[2:], kernel, strides, dil, pb, pe, auto_pad,
                                   bool(ceil_mode) and auto_pad == "NOTSET")
     pe_decl = pe if auto_pad == "NOTSET" else pe2
     if auto_pad == "VALID":
@@ -115,19 +117,42 @@ def _avg_depthwise(x, kernel, strides, dil, pb, out, count_h, count_w):
     return y
 
 
+def _key(v):
+    return None if v is None else tuple(int(i) for i in v)
+
+
+#: :func:`_window_setup` cached on hashable arguments (shape, int tuples or None)
+_window_cached = functools.lru_cache(maxsize=256)(_window_setup)
+
+
+@functools.lru_cache(maxsize=256)
+def _avg_geometry(shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode,
+                  count_include_pad):
+    """AveragePool's ``(kernel, strides, dilations, out, pads_begin, pads_end,
+    (count per output position along each axis, ...))`` for an input of
+    ``shape`` (cached: the numpy geometry cost ~14 us a call)."""
+    kernel, strides, dil, out, pb, pe, pe_decl = _window_setup(
+        shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    counts = []
+    for i, n in enumerate(shape[2:]):
+        pos = _tap_positions(out[i], strides[i], pb[i], kernel[i], dil[i])
+        lo, hi = (-pb[i], n + pe_decl[i]) if count_include_pad else (0, n)
+        c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+        c.flags.writeable = False
+        counts.append(c)
+    return kernel, strides, dil, out, pb, pe, tuple(counts)
+
+
 @cpu_kernel("AveragePool", since=(1, 7, 10, 11, 19, 22))
 def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                 kernel_shape=None, pads=None, strides=None):
     """ONNX AveragePool (opsets 1-22): (N, C, *D) -> (N, C, *out); the divisor counts
     pads only with count_include_pad=1 and never the ceil-mode overhang."""
-    kernel, strides, dil, out, pb, pe, pe_decl = _window_setup(
-        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    kernel, strides, dil, out, pb, pe, counts = _avg_geometry(
+        x.shape, _key(kernel_shape), _key(strides), _key(dilations), _key(pads),
+        auto_pad if isinstance(auto_pad, str) else bytes(auto_pad), int(ceil_mode),
+        bool(count_include_pad))
     cd = compute_dtype(x.dtype)
-    counts = []
-    for i, n in enumerate(x.shape[2:]):
-        pos = _tap_positions(out[i], strides[i], pb[i], kernel[i], dil[i])
-        lo, hi = (-pb[i], n + pe_decl[i]) if count_include_pad else (0, n)
-        counts.append(((pos >= lo) & (pos < hi)).sum(axis=1))
     pn = _compiled(x) if x.ndim == 4 else None
     if pn is not None and tuple(out) == (1, 1) and tuple(kernel) == x.shape[2:] \
             and not any(pb) and tuple(dil) == (1, 1):
@@ -137,7 +162,9 @@ def AveragePool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilat
         return pn.global_avgpool(x.reshape(x.shape[0], x.shape[1], -1)).reshape(
             x.shape[0], x.shape[1], 1, 1)
     if pn is not None:
-        y = _blocked(x, kernel, strides, dil, pb, out, False, counts)
+        y = _rows(x, kernel, strides, dil, pb, out, counts)
+        if y is None:
+            y = _blocked(x, kernel, strides, dil, pb, out, False, counts)
         if y is None:
             y = _flat(x, kernel, strides, dil, pb, out, False, counts)
         if y is not None:
@@ -160,7 +187,7 @@ def LpPool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=No
            pads=None, strides=None):
     """ONNX LpPool (opsets 1-22): (sum over the window of |x|^p)^(1/p); pads add zero."""
     kernel, strides, dil, out, pb, pe, _ = _window_setup(
-        x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+        x.shape, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     cd = compute_dtype(x.dtype)
     xp = pad_spatial(x.astype(cd, copy=False), pb, pe, 0)
     p = float(p)
@@ -176,6 +203,35 @@ _FLAT_PLANS: dict = {}
 #: ... at most this many (the oldest dropped first)
 FLAT_PLANS_MAX = 16
 _FLAT_LOCK = threading.Lock()
+
+
+#: plans of :mod:`._pool_rows` per (shape, window, strides, pads, counts),
+#: shared by every node and session (at most :data:`FLAT_PLANS_MAX`)
+_ROW_PLANS: dict = {}
+
+
+def _rows(x, kernel, strides, dil, pb, out, counts):
+    """2-D pooling of 4-D float32 ``x`` by :mod:`._pool_rows` (a vertical,
+    then a horizontal pass over each output row), or None where that kernel
+    does not apply (:func:`._pool_rows.applies`). ``counts``: AveragePool's
+    ``(count_h, count_w)``; None for MaxPool."""
+    if x.ndim != 4 or len(kernel) != 2:
+        return None
+    from . import _pool_rows
+    if not _pool_rows.applies(x, kernel, strides, dil, counts is None):
+        return None
+    key = (x.shape, tuple(kernel), tuple(strides), tuple(pb), tuple(out),
+           None if counts is None else (counts[0].tobytes(), counts[1].tobytes()))
+    with _FLAT_LOCK:
+        plan = _ROW_PLANS.get(key)
+        if plan is None:
+            if len(_ROW_PLANS) >= FLAT_PLANS_MAX:
+                _ROW_PLANS.pop(next(iter(_ROW_PLANS)))
+            plan = _ROW_PLANS[key] = _pool_rows.make_plan(x.shape, kernel, strides, pb, out,
+                                                          counts)
+    from ._threads import current
+    tracing.kernel_variant("pool", "rows", "kernel=%s", kernel)
+    return _pool_rows.pool2d(plan, x, current())
 
 
 def _blocked(x, kernel, strides, dil, pb, out, is_max, counts):
@@ -209,7 +265,7 @@ def _flat(x, kernel, strides, dil, pb, out, is_max, counts):
     if not _pool_flat.applies(x, strides):
         return None
     key = (x.shape, x.dtype, tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out),
-           is_max, None if counts is None else (tuple(counts[0]), tuple(counts[1])))
+           is_max, None if counts is None else (counts[0].tobytes(), counts[1].tobytes()))
     with _FLAT_LOCK:  # sessions on several threads share the plans
         plan = _FLAT_PLANS.get(key)
         if plan is None:
@@ -276,12 +332,16 @@ class MaxPool(Kernel):
 
     def run(self, x):
         a = self.node.attr
-        kernel, strides, dil, out, pb, pe, _ = _window_setup(
-            x, a("kernel_shape"), a("strides"), a("dilations"), a("pads"),
-            a("auto_pad", "NOTSET"), a("ceil_mode", 0))
+        auto_pad = a("auto_pad", "NOTSET")
+        kernel, strides, dil, out, pb, pe, _ = _window_cached(
+            x.shape, _key(a("kernel_shape")), _key(a("strides")), _key(a("dilations")),
+            _key(a("pads")), auto_pad if isinstance(auto_pad, str) else bytes(auto_pad),
+            int(a("ceil_mode", 0)))
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
         if COMPILED and not want_idx:
-            y = _blocked(x, kernel, strides, dil, pb, out, True, None)
+            y = _rows(x, kernel, strides, dil, pb, out, None)
+            if y is None:
+                y = _blocked(x, kernel, strides, dil, pb, out, True, None)
             if y is None:
                 y = _flat(x, kernel, strides, dil, pb, out, True, None)
             if y is not None:

@@ -13,7 +13,7 @@ from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
 from actorrt.providers.cpu import _conv_blocked, _conv_direct, _conv_numba, _conv_split, _dw_blocked, \
-    _partner, _pool_direct, _pool_flat
+    _partner, _pool_direct, _pool_flat, _pool_rows
 
 from .test_conv_compiled import CASES as CONV_CASES, WIDE_CASES, _model
 from .test_pool_compiled import CASES as POOL_CASES
@@ -159,6 +159,7 @@ def test_maxpool_split_matches_onnxruntime(shape, attrs, mode, monkeypatch, post
     threads = _mode(mode, monkeypatch)
     monkeypatch.setattr(_pool_direct, "ENABLED", True)
     monkeypatch.setattr(_pool_flat, "ENABLED", False)  # stride-1 pools: the direct kernel here
+    monkeypatch.setattr(_pool_rows, "ENABLED", False)  # (and wide planes)
     monkeypatch.setattr(_dw_blocked, "ENABLED", False)  # (and mid-sized planes)
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     x = RNG.standard_normal(shape).astype(np.float32)

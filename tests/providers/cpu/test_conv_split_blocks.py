@@ -16,7 +16,7 @@ from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
 from actorrt.providers.cpu import _conv_direct, _conv_numba, _conv_split, _dw_blocked, _pool_direct, \
-    _pool_flat
+    _pool_flat, _pool_rows
 
 from .test_conv_compiled import _model
 from .test_conv_split import MORE_CONV_CASES
@@ -128,6 +128,7 @@ def test_maxpool_blocks_reused_match(shape, attrs, monkeypatch):
     _force_split(monkeypatch)
     monkeypatch.setattr(_pool_direct, "ENABLED", True)
     monkeypatch.setattr(_pool_flat, "ENABLED", False)  # stride-1 pools: the direct kernel here
+    monkeypatch.setattr(_pool_rows, "ENABLED", False)  # (and wide planes)
     monkeypatch.setattr(_pool_direct, "MAX_ELEMENTS", 1 << 62)
     node = helper.make_node("MaxPool", ["x"], ["y"], **attrs)
     g = helper.make_graph([node], "p", [helper.make_tensor_value_info("x", TP.FLOAT, shape)],

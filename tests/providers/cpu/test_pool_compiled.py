@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto as TP, helper
 
 import actorrt
-from actorrt.providers.cpu import _dw_blocked, _pool_direct, _pool_flat, _pool_numba, pool
+from actorrt.providers.cpu import _dw_blocked, _pool_direct, _pool_flat, _pool_numba, _pool_rows, pool
 
 RNG = np.random.default_rng(5)
 
@@ -30,8 +30,9 @@ CASES = [  # (shape, attrs)
 
 
 def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=False, flat=False,
-         blocked=False, **extra):
+         blocked=False, rows=False, **extra):
     monkeypatch.setattr(pool, "COMPILED", compiled)
+    monkeypatch.setattr(_pool_rows, "ENABLED", rows)
     monkeypatch.setattr(_dw_blocked, "ENABLED", blocked)
     monkeypatch.setattr(_dw_blocked, "MIN_FILL", 0.0)  # any channel count when on
     monkeypatch.setattr(_pool_flat, "ENABLED", flat)
@@ -47,7 +48,7 @@ def _run(op, x, attrs, compiled, monkeypatch, opset=19, direct=False, avg_dw=Fal
     with actorrt.InferenceSession(m, actorrt.SessionOptions(trace="ops")) as s:
         got = s.run(None, {"x": x})[0]
         spans = [sp.args for sp in s.session.tracer.spans if sp.cat == "op"]
-    variant = "blocked" if blocked else "flat" if flat else "direct" if direct else \
+    variant = "rows" if rows else "blocked" if blocked else "flat" if flat else "direct" if direct else \
         "depthwise" if avg_dw and op == "AveragePool" else "compiled"
     used = any((a.get("kernel_variant.pool") or {}).get("variant") == variant for a in spans)
     return got, want, used
@@ -250,6 +251,7 @@ def test_maxpool_direct_split_over_threads(case, monkeypatch):
         pytest.skip("no numba / AVX2: the direct MaxPool is not built")
     monkeypatch.setattr(_pool_direct, "PARALLEL_MIN_WORK", 0)
     monkeypatch.setattr(_pool_flat, "ENABLED", False)
+    monkeypatch.setattr(_pool_rows, "ENABLED", False)
     shape, attrs = CASES[case]
     x = RNG.standard_normal(shape).astype(np.float32)
     monkeypatch.setattr(pool, "COMPILED", True)

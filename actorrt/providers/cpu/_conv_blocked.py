@@ -35,7 +35,8 @@ the input blocks, then (output group, pixel range) items.
 * :func:`pack` -- weights ``(M, C, KH, KW)`` into the tiles' order.
 * :func:`run` -- ``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` of ``v =
   conv(x, w) + bias (+ z)``, float32 ``x (N, C, H, W)`` -> ``y (N, M, OH,
-  OW)``.
+  OW)``; :func:`prepare` / :func:`execute` -- the same in two steps, the
+  shape work done once per input shape (the per-call cost of small convs).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from . import _dw_blocked as _dwb
 __all__ = ["HAVE_KERNEL", "ENABLED", "IMAGE_CHUNK", "K_BLOCK_BYTES", "MAX_PIXELS", "MIN_FILL",
            "MIN_INTENSITY", "MIN_INTENSITY_1X1", "PLANES_MAX_CHANNELS", "PLANES_MAX_PIXELS",
            "PLANES_MIN_REDUCTION", "applies", "fits", "pack", "pack_bias", "planes_applies",
-           "planes_fit", "run"]
+           "planes_fit", "run", "prepare", "execute", "Prepared"]
 
 LANES = 16
 #: pixels a tile for ``B`` output blocks (``P * B`` = 24 accumulators of 32 zmm)
@@ -431,6 +432,66 @@ def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, planes=False):
     return toffs, pix, dst, geo
 
 
+class Prepared:
+    """One convolution's shape work, done once (:func:`prepare`): the packed
+    weights, the offset tables, the output shape; :func:`execute` runs it."""
+
+    __slots__ = ("wt", "groups", "toffs", "pix", "dst", "geo", "c", "hw", "m", "ohw",
+                 "x_shape", "y_shape")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def prepare(x_shape, wt: np.ndarray, groups: np.ndarray, kernel, strides, dilations,
+            pads_begin, m: int, out_shape, planes: bool = False) -> Prepared:
+    """The shape work of :func:`run` for inputs of ``x_shape``, once.
+
+    Raises:
+        ValueError: input or output planes under 16 pixels."""
+    n, c, h, w = x_shape
+    oh, ow = out_shape
+    if h * w < LANES or oh * ow < LANES:
+        raise ValueError(f"_conv_blocked takes planes of at least {LANES} pixels, got "
+                         f"{(h, w)} -> {tuple(out_shape)}")
+    toffs, pix, dst, geo = _geometry(c, h, w, *kernel, *strides, *dilations, *pads_begin,
+                                     oh, ow, bool(planes))
+    return Prepared(wt=wt, groups=groups, toffs=toffs, pix=pix, dst=dst, geo=geo, c=c,
+                    hw=h * w, m=m, ohw=oh * ow, x_shape=tuple(x_shape),
+                    y_shape=(n, m, oh, ow))
+
+
+def execute(p: Prepared, x: np.ndarray, bias: np.ndarray, z, alpha, lo, hi,
+            threads: int = 1) -> np.ndarray:
+    """:func:`run` on prepared shape work: ``x`` float32 of ``p.x_shape``,
+    ``bias`` :func:`pack_bias`'s, ``z`` None or of ``p.y_shape``; ``alpha``,
+    ``lo``, ``hi`` the epilogue's (float32)."""
+    n = p.y_shape[0]
+    y = np.empty(p.y_shape, np.float32)
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    yf = y.reshape(-1)
+    # without z the masked-off z loads address y itself (never an absent page)
+    zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
+    args = (xf, p.wt, bias, zf, 0 if z is None else 1, yf, p.toffs, p.pix, p.dst, p.groups,
+            p.c, p.hw, p.m, p.ohw, p.geo, alpha, lo, hi)
+    if threads > 1:
+        from . import _conv_split
+        team = _conv_split.team_for(threads)
+        if team is not None and n >= threads:  # whole images a thread
+            if _conv_split.conv_blocked_images(team, args, n, threads):
+                return y
+        elif team is not None:  # per image: input blocks, then (group, pixels) items
+            geo, m, ohw = p.geo, p.m, p.ohw
+            xs = np.empty(int(geo[7] * geo[4] * geo[5] * geo[6]), np.float32)
+            os_ = np.empty(-(-m // LANES) * LANES * ohw, np.float32)
+            chunk = _chunk(ohw, p.groups.shape[0], threads)
+            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
+                return y
+    _images(*args, 0, n)
+    return y
+
+
 def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, kernel, strides,
         dilations, pads_begin, m: int, out_shape, z=None, alpha: float = 1.0,
         lo: float = -np.inf, hi: float = np.inf, threads: int = 1,
@@ -444,32 +505,8 @@ def run(x: np.ndarray, wt: np.ndarray, groups: np.ndarray, bias: np.ndarray, ker
     implied by ``out_shape``. Input and output planes of at least 16 pixels,
     else ValueError. ``threads > 1``: on the compiled partners (whole images
     a thread, or per image the input blocks, then output groups x pixel
-    ranges), where there are partners."""
-    n, c, h, w = x.shape
-    oh, ow = out_shape
-    if h * w < LANES or oh * ow < LANES:
-        raise ValueError(f"_conv_blocked takes planes of at least {LANES} pixels, got "
-                         f"{(h, w)} -> {tuple(out_shape)}")
-    toffs, pix, dst, geo = _geometry(c, h, w, *kernel, *strides, *dilations, *pads_begin,
-                                     oh, ow, bool(planes))
-    y = np.empty((n, m, oh, ow), np.float32)
-    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    yf = y.reshape(-1)
-    # without z the masked-off z loads address y itself (never an absent page)
-    zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
-    args = (xf, wt, bias, zf, 0 if z is None else 1, yf, toffs, pix, dst, groups, c, h * w, m,
-            oh * ow, geo, np.float32(alpha), np.float32(lo), np.float32(hi))
-    if threads > 1:
-        from . import _conv_split
-        team = _conv_split.team_for(threads)
-        if team is not None and n >= threads:  # whole images a thread
-            if _conv_split.conv_blocked_images(team, args, n, threads):
-                return y
-        elif team is not None:  # per image: input blocks, then (group, pixels) items
-            xs = np.empty(int(geo[7] * geo[4] * geo[5] * geo[6]), np.float32)
-            os_ = np.empty(-(-m // LANES) * LANES * oh * ow, np.float32)
-            chunk = _chunk(oh * ow, groups.shape[0], threads)
-            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
-                return y
-    _images(*args, 0, n)
-    return y
+    ranges), where there are partners. (:func:`prepare` then
+    :func:`execute`.)"""
+    p = prepare(x.shape, wt, groups, kernel, strides, dilations, pads_begin, m, out_shape,
+                planes)
+    return execute(p, x, bias, z, np.float32(alpha), np.float32(lo), np.float32(hi), threads)

@@ -50,7 +50,7 @@ from ._conv_tiles import HAVE_KERNEL, VW
 
 __all__ = ["HAVE_KERNEL", "ENABLED", "applies", "takes_pointwise", "block_for", "VW",
            "pack_weights", "conv2d", "make_plan", "run", "phase_copy", "Plan", "act_params",
-           "block_of", "ACT_BOUNDS"]
+           "block_of", "ACT_BOUNDS", "pack_bias"]
 
 #: use the direct kernel where :func:`applies` (tests switch it off to check
 #: the BLAS path and on to check this one)
@@ -505,12 +505,26 @@ def make_plan(x_shape, wpack_shape, group: int, kernel, strides, dilations, pb,
                      tuple(dilations), tuple(pb), tuple(out_shape)), blocks=None, bufs=[])
 
 
+def pack_bias(plan: Plan, bias) -> np.ndarray:
+    """``bias (M,)`` or None as the tiles read it: ``(G * MB * MR,)`` float32,
+    zero past each group's ``M/G`` (``bias`` itself where that is its layout)."""
+    mr, mb, mg = plan.mr, plan.mb, plan.mg
+    if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
+            and bias.flags.c_contiguous:
+        return bias
+    bp = np.zeros(plan.g * mb * mr, np.float32)
+    if bias is not None:
+        bp.reshape(plan.g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(plan.g, mg)
+    return bp
+
+
 def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: float,
-        hi: float) -> np.ndarray:
+        hi: float, packed_bias: np.ndarray | None = None) -> np.ndarray:
     """``y = min(max(where(v < 0, alpha*v, v), lo), hi)`` for ``v = conv(x, w) +
     bias + z``: ``x`` of the plan's input shape (float32), ``wp`` the
     :func:`pack_weights` of the weights for the plan's output width, ``bias``
-    ``(M,)`` or None, ``z`` of the output's shape or None."""
+    ``(M,)`` or None (or ``packed_bias``, its :func:`pack_bias`, kept by the
+    caller), ``z`` of the output's shape or None."""
     rows, items = plan.rows, plan.items
     threads = 1
     if items > 1 and (plan.split or plan.flops >= _split().MIN_CONV_FLOPS):
@@ -534,14 +548,7 @@ def run(plan: Plan, x: np.ndarray, wp: np.ndarray, bias, z, alpha: float, lo: fl
                 not _split().phase_copy(plan, x, buf, threads):
             phase_copy(plan, x, buf)
     y = _ct.empty_with_slack(plan.y_shape, np.float32)
-    mr, mb, mg = plan.mr, plan.mb, plan.mg
-    if bias is not None and mb * mr == mg and bias.dtype == np.float32 and bias.ndim == 1 \
-            and bias.flags.c_contiguous:
-        bp = bias
-    else:
-        bp = np.zeros(plan.g * mb * mr, np.float32)
-        if bias is not None:
-            bp.reshape(plan.g, mb * mr)[:, :mg] = np.asarray(bias, np.float32).reshape(plan.g, mg)
+    bp = pack_bias(plan, bias) if packed_bias is None else packed_bias
     if z is not None:
         zz = _ct.readable(np.ascontiguousarray(z, dtype=np.float32)).reshape(-1)
         has_z = 1

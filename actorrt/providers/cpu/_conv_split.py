@@ -22,7 +22,8 @@ parking) because the next convolution / pooling node comes soon.
   whole images, or per image its input blocks then (output group, pixels) items;
 * :func:`maxpool` -- the direct MaxPool's planes (copy and tiles of a plane
   in one item);
-* :func:`row_pool` -- :mod:`._pool_rows`' planes (MaxPool / AveragePool).
+* :func:`row_pool` -- :mod:`._pool_rows`' planes (MaxPool / AveragePool);
+* :func:`row_depthwise` -- :mod:`._dw_rows`' planes.
 
 Each returns False (nothing done) where the partners do not apply
 (:func:`team_for`: :data:`ENABLED` off, :data:`._partner.AVAILABLE` false,
@@ -51,7 +52,7 @@ from . import _partner
 
 __all__ = ["ENABLED", "SPLIT_BLOCKS", "HAVE_SPLIT", "LINGER_CYCLES", "CHUNKS_PER_THREAD", "MIN_CONV_FLOPS",
            "MIN_DEPTHWISE_WORK", "MIN_POOL_WORK", "splits", "team_for",
-           "conv_rows", "phase_copy", "depthwise", "maxpool", "row_pool"]
+           "conv_rows", "phase_copy", "depthwise", "maxpool", "row_pool", "row_depthwise"]
 
 #: post the convolution / pooling items to the partner threads (tests switch
 #: it off to check the :mod:`._parallel` fallback)
@@ -251,7 +252,40 @@ if HAVE_SPLIT:
 
         ROWPOOL_ITEMS = _rowpool_items.address
 
+    from . import _dw_rows as _dr
+
+    # row depthwise block: x, w, bias, z, y (address, size each), has_z, ep
+    # (address: alpha, lo, hi), then the plan's 13 ints
+    _ROWDW_N = 25
+    ROWDW_ITEMS = 0
+    if _dr.HAVE_KERNEL:
+        @cfunc(_SIG, nogil=True, cache=True)
+        def _rowdw_items(params, i0, i1):  # pragma: no cover - compiled
+            p = carray(_i64p(params), (_ROWDW_N,))
+            f = carray(_f32p(p[11]), (3,))
+            _dr.planes_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                             carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)), p[10],
+                             carray(_f32p(p[8]), (p[9],)), p[12], p[13], p[14], p[15], p[16],
+                             p[17], p[18], p[19], p[20], p[21], p[22], p[23], p[24], f[0], f[1],
+                             f[2], i0, i1)
+
+        ROWDW_ITEMS = _rowdw_items.address
+
     from numba import njit
+
+    @njit(nogil=True, cache=True)
+    def _fill_rowdw(p, xf, wf, bias, zf, yf, ep):  # pragma: no cover
+        p[0] = xf.ctypes.data
+        p[1] = xf.size
+        p[2] = wf.ctypes.data
+        p[3] = wf.size
+        p[4] = bias.ctypes.data
+        p[5] = bias.size
+        p[6] = zf.ctypes.data
+        p[7] = zf.size
+        p[8] = yf.ctypes.data
+        p[9] = yf.size
+        p[11] = ep.ctypes.data
 
     @njit(nogil=True, cache=True)
     def _fill_rowpool(p, xf, yf):  # pragma: no cover
@@ -530,6 +564,29 @@ def row_pool(plan, xf: np.ndarray, yf: np.ndarray, planes: int, threads: int) ->
     _fill_rowpool(blk.p, xf, yf)
     _run_addr(team, ROWPOOL_ITEMS, blk.addr, planes, threads)
     _give(plan, "rowpool", blk)
+    return True
+
+
+def row_depthwise(plan, args: tuple, planes: int, threads: int) -> bool:
+    """:func:`._dw_rows.run`'s planes (``args``: its ``_planes`` arguments
+    before the range) on the caller and its partners. False (nothing done)
+    without a team (:func:`team_for`) or the row kernel."""
+    team = team_for(threads)
+    if team is None or not ROWDW_ITEMS:
+        return False
+    xf, wf, bias, zf, has_z, yf = args[:6]
+
+    def template():
+        p = np.zeros(_ROWDW_N, np.int64)
+        p[12:] = plan.ints
+        return p
+
+    blk = _take(plan, "rowdw", template)
+    blk.f[:] = args[-3:]
+    blk.p[10] = has_z
+    _fill_rowdw(blk.p, xf, wf, bias, zf, yf, blk.f)
+    _run_addr(team, ROWDW_ITEMS, blk.addr, planes, threads)
+    _give(plan, "rowdw", blk)
     return True
 
 

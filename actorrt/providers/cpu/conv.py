@@ -129,8 +129,9 @@ class _PackedWeightConv(Kernel):
 class _Fast:
     """A per-shape prepared call of the compiled conv kernels (built after the
     first call of a shape with a constant weight): ``kind`` ``"blocked"`` (the
-    channel-blocked conv), ``"direct"`` (:mod:`._conv_direct`) or ``"dw"``
-    (:mod:`._dw_blocked`'s depthwise), the modules whose switches it checks
+    channel-blocked conv), ``"direct"`` (:mod:`._conv_direct`), ``"dw"``
+    (:mod:`._dw_blocked`'s depthwise) or ``"dwr"`` (:mod:`._dw_rows`'), the
+    modules whose switches it checks
     (``cb``: the blocked conv's / depthwise's, ``cdr``: the direct kernel's /
     :mod:`._conv_util`), the prepared shape work (``prep``: the blocked conv's,
     the direct kernel's plan, or the depthwise geometry), the packed weights
@@ -143,7 +144,7 @@ class _Fast:
 
     def check(self) -> bool:
         """Whether the kernels it calls are still switched on."""
-        if self.kind == "dw":
+        if self.kind in ("dw", "dwr"):
             return self.cb.ENABLED and self.cdr.COMPILED
         return self.cdr.ENABLED and (self.kind != "blocked" or self.cb.ENABLED)
 
@@ -334,7 +335,11 @@ class Conv(_PackedWeightConv):
             bt = f.cdr.pack_bias(f.prep, b) if f.kind == "direct" else f.cb.pack_bias(b, m)
         else:
             return None
-        if f.kind == "dw":
+        if f.kind == "dwr":
+            y = f.cb.run(f.prep, x, f.wp, bt, z, *f.ep, f.dw.current_threads())
+            tracing.kernel_variant("conv", "depthwise", "kernel=%s, rows", f.kernel)
+            tracing.kernel_variant("conv_impl", "compiled")
+        elif f.kind == "dw":
             kernel, strides, dil, pb, out = f.prep
             y = f.cb.run(x, f.wp, bt, kernel, strides, dil, pb, out, z, *f.ep,
                          f.dw.current_threads() if f.split else 1)
@@ -374,9 +379,9 @@ class Conv(_PackedWeightConv):
 
     def _depthwise(self, x, w, b, z, act: str, params=()):
         """A 2-D depthwise conv (one input channel per group) with bias, Z and
-        the activation in the compiled kernel's store (small planes:
-        :mod:`._dw_blocked`'s 16-channel blocks; else
-        :func:`._conv_numba.depthwise2d`'s planes), or None where that path does not
+        the activation in the compiled kernel's store (wide output rows:
+        :mod:`._dw_rows`; small planes: :mod:`._dw_blocked`'s 16-channel
+        blocks; else :func:`._conv_numba.depthwise2d`'s planes), or None where that path does not
         apply (numba missing, dtype, rank, not depthwise, an activation the
         store lacks, shapes the other paths reject with their own errors)."""
         from . import _conv_direct as cdr, _conv_util as cu
@@ -401,8 +406,24 @@ class Conv(_PackedWeightConv):
         if z is not None and z.shape != (x.shape[0], m, *out):
             return None
         alpha, lo, hi = ap
-        from . import _dw_blocked as dwb
-        if x.dtype == np.float32 and dwb.applies(x.shape, w.shape, group, out):
+        from . import _dw_blocked as dwb, _dw_rows as dwr
+        blocked = x.dtype == np.float32 and dwb.applies(x.shape, w.shape, group, out)
+        if x.dtype == np.float32 and dwr.applies(x.shape, w.shape, group, out, strides, dil) \
+                and (not blocked or out[1] >= dwr.PREFER_WIDTH):
+            plan = self._cached("_dwr_cache", x.shape, lambda: dwr.make_plan(
+                x.shape, kernel, strides, pb, out))
+            bt = dwr.pack_bias(b, m)
+            wt = np.ascontiguousarray(w, dtype=np.float32)
+            y = dwr.run(plan, x, wt, bt, z, alpha, lo, hi, cdr.current_threads())
+            tracing.kernel_variant("conv", "depthwise", "kernel=%s, rows", kernel)
+            tracing.kernel_variant("conv_impl", "compiled")
+            if self._wpack is not None:  # later calls of this shape: the prepared call
+                f = self._new_fast("dwr", dwr, cu, plan, y.shape, ap, True, kernel, False,
+                                   lambda bias: dwr.pack_bias(bias, m))
+                f.wp, f.dw = wt, cdr
+                self._keep_fast((x.shape, w.shape), f)
+            return y
+        if blocked:
             if self._wpack is not None:  # a constant weight: packed once
                 wt = self._cached("_dwb_cache", w.shape, lambda: dwb.pack(w, None)[0])
                 bt = dwb.pack_bias(b, x.shape[1])

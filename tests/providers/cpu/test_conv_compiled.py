@@ -688,8 +688,9 @@ def test_masked_vector_kernels_never_address_past_a_page_end(case, at_page_end, 
     present is a microcode assist on AMD Zen). onnxruntime's values."""
     if not _conv_direct.HAVE_KERNEL:
         pytest.skip("the compiled kernels are not built")
-    from actorrt.providers.cpu import _conv_tiles, _dw_blocked
+    from actorrt.providers.cpu import _conv_tiles, _dw_blocked, _dw_rows
     monkeypatch.setattr(_dw_blocked, "ENABLED", False)  # (its chunks stay inside planes)
+    monkeypatch.setattr(_dw_rows, "ENABLED", False)  # (its rows too: test_dw_rows)
     monkeypatch.setattr(_conv_tiles, "SLACK_MIN_BYTES", 0)  # these small outputs too
     name, op, shape, attrs, w_shape = case
     x, mapping = _placed(shape, at_page_end)

@@ -22,7 +22,7 @@ import numpy as np
 from ... import tracing
 from ..._dtypes import to_numpy_dtype
 from .._contract import Kernel, NodeSpec, WorkspaceRequest, require
-from . import _epilogue
+from . import _conv_prepared as _prep, _epilogue
 from ._conv_util import (compute_dtype, conv_core, conv_workspace, conv_geometry, decode_str, scatter_taps,
                          spatial_params)
 from .registry import cpu_kernel
@@ -126,29 +126,6 @@ class _PackedWeightConv(Kernel):
         self._bconst = constants.get(2)  # a constant bias (its packed form is cached)
 
 
-class _Fast:
-    """A per-shape prepared call of the compiled conv kernels (built after the
-    first call of a shape with a constant weight): ``kind`` ``"blocked"`` (the
-    channel-blocked conv), ``"direct"`` (:mod:`._conv_direct`), ``"dw"``
-    (:mod:`._dw_blocked`'s depthwise) or ``"dwr"`` (:mod:`._dw_rows`'), the
-    modules whose switches it checks
-    (``cb``: the blocked conv's / depthwise's, ``cdr``: the direct kernel's /
-    :mod:`._conv_util`), the prepared shape work (``prep``: the blocked conv's,
-    the direct kernel's plan, or the depthwise geometry), the packed weights
-    (direct, depthwise), the output shape, the bias packed for ``b=None`` and
-    for the constant bias, the epilogue's params, the thread split, the
-    kernel size and stem flag (traced)."""
-
-    __slots__ = ("kind", "cb", "cdr", "prep", "wp", "y_shape", "b_none", "b_const",
-                 "bt_const", "ep", "split", "kernel", "planes", "dw")
-
-    def check(self) -> bool:
-        """Whether the kernels it calls are still switched on."""
-        if self.kind in ("dw", "dwr"):
-            return self.cb.ENABLED and self.cdr.COMPILED
-        return self.cdr.ENABLED and (self.kind != "blocked" or self.cb.ENABLED)
-
-
 @cpu_kernel("Conv", since=(1, 11, 22))
 class Conv(_PackedWeightConv):
     """ONNX Conv (opsets 1, 11, 22): X (N, C, *D), W (M, C/group, *k), B (M,) ->
@@ -217,12 +194,11 @@ class Conv(_PackedWeightConv):
         (:mod:`._conv_direct`), or None where that path does not apply
         (dtype, rank, a 1x1 or depthwise conv, an activation its store lacks,
         shapes the other paths reject with their own errors)."""
-        fast = self.__dict__.get("_fast_calls")
-        if fast and PREPARED_CALLS:
-            f = fast.get((x.shape, w.shape))
-            if f is not None and f.check() and x.dtype == np.float32 \
-                    and (z is None or z.shape == f.y_shape):
-                y = self._fast_call(f, x, b, z)
+        calls = self.__dict__.get("_prepared")
+        if calls and PREPARED_CALLS:
+            f = calls.get((x.shape, w.shape))
+            if f is not None and f.usable(x, z):
+                y = f.call(x, b, z)
                 if y is not None:
                     return y
         from . import _conv_direct as cdr
@@ -253,28 +229,17 @@ class Conv(_PackedWeightConv):
         y = cdr.run(plan, x, wp, b, z, *ap)
         tracing.kernel_variant("conv", "direct", "kernel=%s", plan.key[3])
         if self._wpack is not None:  # later calls of this shape: the prepared call
-            f = self._new_fast("direct", None, cdr, plan, plan.y_shape, ap, False, plan.key[3],
-                               False, lambda bias: cdr.pack_bias(plan, bias))
-            f.wp = wp
-            self._keep_fast((x.shape, w.shape), f)
+            self._keep((x.shape, w.shape), _prep.Prepared(
+                "direct", None, cdr, plan, plan.y_shape, ap, False, plan.key[3], False,
+                lambda bias: cdr.pack_bias(plan, bias), self._bconst, wp=wp))
         return y
 
-    def _new_fast(self, kind, cb, cdr, prep, y_shape, ep, split, kernel, planes, pack_b):
-        f = _Fast()
-        f.kind, f.cb, f.cdr, f.prep, f.y_shape, f.ep, f.split, f.kernel, f.planes = \
-            kind, cb, cdr, prep, y_shape, ep, split, kernel, planes
-        m = y_shape[1]
-        f.b_none = pack_b(None)
-        f.b_const = self._bconst
-        f.bt_const = None if self._bconst is None or np.size(self._bconst) != m \
-            or self._bconst.dtype != np.float32 else pack_b(self._bconst)
-        return f
-
-    def _keep_fast(self, key, f):
-        fast = self.__dict__.setdefault("_fast_calls", {})
-        if len(fast) >= self._CACHE_SIZE:
-            fast.clear()
-        fast[key] = f
+    def _keep(self, key, f) -> None:
+        """Keep prepared call ``f`` for inputs of shapes ``key`` (bounded)."""
+        calls = self.__dict__.setdefault("_prepared", {})
+        if len(calls) >= self._CACHE_SIZE:
+            calls.clear()
+        calls[key] = f
 
     def _blocked(self, x, w, b, z, ap):
         """The convolution by :mod:`._conv_blocked`'s channel blocks (float32
@@ -318,41 +283,9 @@ class Conv(_PackedWeightConv):
         tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks%s", kernel,
                                " (input planes)" if planes else "")
         if self._wpack is not None:  # later calls of this shape: the prepared call
-            self._keep_fast(key, self._new_fast("blocked", cb, cdr, prep, prep.y_shape, ep, split,
-                                                kernel, planes, lambda bias: cb.pack_bias(bias, m)))
-        return y
-
-    def _fast_call(self, f, x, b, z):
-        """The conv by its prepared call ``f`` (the shapes already matched),
-        or None where the bias is neither absent, the constant one, nor of M
-        float values (the full path then decides)."""
-        m = f.y_shape[1]
-        if b is None:
-            bt = f.b_none
-        elif b is f.b_const and f.bt_const is not None:
-            bt = f.bt_const
-        elif np.size(b) == m:
-            bt = f.cdr.pack_bias(f.prep, b) if f.kind == "direct" else f.cb.pack_bias(b, m)
-        else:
-            return None
-        if f.kind == "dwr":
-            y = f.cb.run(f.prep, x, f.wp, bt, z, *f.ep, f.dw.current_threads())
-            tracing.kernel_variant("conv", "depthwise", "kernel=%s, rows", f.kernel)
-            tracing.kernel_variant("conv_impl", "compiled")
-        elif f.kind == "dw":
-            kernel, strides, dil, pb, out = f.prep
-            y = f.cb.run(x, f.wp, bt, kernel, strides, dil, pb, out, z, *f.ep,
-                         f.dw.current_threads() if f.split else 1)
-            tracing.kernel_variant("conv", "depthwise", "kernel=%s, channel blocks", kernel)
-            tracing.kernel_variant("conv_impl", "compiled")
-        elif f.kind == "blocked":
-            y = f.cb.execute(f.prep, x, bt, z, *f.ep,
-                             threads=f.cdr.current_threads() if f.split else 1)
-            tracing.kernel_variant("conv", "direct", "kernel=%s, channel blocks%s", f.kernel,
-                                   " (input planes)" if f.planes else "")
-        else:
-            y = f.cdr.run(f.prep, x, f.wp, None, z, *f.ep, packed_bias=bt)
-            tracing.kernel_variant("conv", "direct", "kernel=%s", f.kernel)
+            self._keep(key, _prep.Prepared("blocked", cb, cdr, prep, prep.y_shape, ep, split,
+                                           kernel, planes, lambda bias: cb.pack_bias(bias, m),
+                                           self._bconst))
         return y
 
     def _blocked_plan(self, x_shape, w_shape):
@@ -418,10 +351,9 @@ class Conv(_PackedWeightConv):
             tracing.kernel_variant("conv", "depthwise", "kernel=%s, rows", kernel)
             tracing.kernel_variant("conv_impl", "compiled")
             if self._wpack is not None:  # later calls of this shape: the prepared call
-                f = self._new_fast("dwr", dwr, cu, plan, y.shape, ap, True, kernel, False,
-                                   lambda bias: dwr.pack_bias(bias, m))
-                f.wp, f.dw = wt, cdr
-                self._keep_fast((x.shape, w.shape), f)
+                self._keep((x.shape, w.shape), _prep.Prepared(
+                    "dwr", dwr, cu, plan, y.shape, ap, True, kernel, False,
+                    lambda bias: dwr.pack_bias(bias, m), self._bconst, wp=wt, threads=cdr))
             return y
         if blocked:
             if self._wpack is not None:  # a constant weight: packed once
@@ -437,10 +369,10 @@ class Conv(_PackedWeightConv):
             tracing.kernel_variant("conv", "depthwise", "kernel=%s, channel blocks", kernel)
             tracing.kernel_variant("conv_impl", "compiled")
             if self._wpack is not None:  # later calls of this shape: the prepared call
-                f = self._new_fast("dw", dwb, cu, (kernel, strides, dil, pb, out), y.shape, ap,
-                                   split, kernel, False, lambda bias: dwb.pack_bias(bias, m))
-                f.wp, f.dw = wt, cdr
-                self._keep_fast((x.shape, w.shape), f)
+                self._keep((x.shape, w.shape), _prep.Prepared(
+                    "dw", dwb, cu, (kernel, strides, dil, pb, out), y.shape, ap, split, kernel,
+                    False, lambda bias: dwb.pack_bias(bias, m), self._bconst, wp=wt,
+                    threads=cdr))
             return y
         y = cn.depthwise2d(x, w, strides, dil, pb, out, b, z, alpha, lo, hi)
         tracing.kernel_variant("conv", "depthwise", "kernel=%s, epilogue in the store", kernel)

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _conv_blocked, _conv_direct, _dw_blocked, conv
+from actorrt.providers.cpu import _conv_blocked, _conv_direct, _conv_prepared, _dw_blocked, conv
 
 RNG = np.random.default_rng(21)
 
@@ -77,14 +77,14 @@ def test_prepared_call_equals_the_full_path(case, bias, residual, monkeypatch):
     for bit, and to onnxruntime."""
     model = _model(case, bias, residual)
     calls = []
-    real = conv.Conv._fast_call
+    real = _conv_prepared.Prepared.call
 
-    def spy(self, f, x, b, z):
-        y = real(self, f, x, b, z)
+    def spy(self, x, b, z):
+        y = real(self, x, b, z)
         calls.append(y is not None)
         return y
 
-    monkeypatch.setattr(conv.Conv, "_fast_call", spy)
+    monkeypatch.setattr(_conv_prepared.Prepared, "call", spy)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     opts = actorrt.SessionOptions(trace="ops")
     with actorrt.InferenceSession(model, opts) as on, actorrt.InferenceSession(model) as off:

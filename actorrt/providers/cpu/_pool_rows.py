@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
 
-
 import numpy as np
 
 from . import _conv_tiles as _ct

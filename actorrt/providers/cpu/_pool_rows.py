@@ -273,10 +273,13 @@ class Plan:
     pt, pl, vlen, is_max), ``inv`` (float32 ``1 / count`` per output pixel
     with 16 elements of slack; ones for MaxPool), ``y_shape``."""
 
-    __slots__ = ("ints", "inv", "y_shape", "blocks")
+    __slots__ = ("ints", "inv", "y_shape", "blocks", "args")
 
     def __init__(self, ints, inv, y_shape):
         self.ints, self.inv, self.y_shape, self.blocks = ints, inv, y_shape, None
+        # the compiled call's arguments after x, y (Python ints, made once)
+        h, w, oh, ow, kh, kw, sh, sw, pt, pl, vlen, is_max = (int(v) for v in ints)
+        self.args = (inv, h, w, oh, ow, kh, kw, sh, sw, pt, pl, vlen, bool(is_max))
 
 
 def make_plan(x_shape, kernel, strides, pads_begin, out, counts=None) -> Plan:
@@ -314,9 +317,9 @@ def pool2d(plan: Plan, x: np.ndarray, threads: int = 1) -> np.ndarray:
     y = _ct.empty_with_slack(plan.y_shape, np.float32) if ow < LANES \
         else np.empty(plan.y_shape, np.float32)
     xf, yf = x.reshape(-1), y.reshape(-1)
-    h, w, _, _, kh, kw, sh, sw, pt, pl, vlen, is_max = (int(v) for v in plan.ints)
+    args = plan.args
     planes = n * c
-    if threads > 1 and planes > 1 and y.size * kh * kw >= PARALLEL_MIN_WORK:
+    if threads > 1 and planes > 1 and y.size * args[5] * args[6] >= PARALLEL_MIN_WORK:
         from . import _conv_split
         if _conv_split.row_pool(plan, xf, yf, planes, threads):
             return y
@@ -324,10 +327,9 @@ def pool2d(plan: Plan, x: np.ndarray, threads: int = 1) -> np.ndarray:
         per = -(-planes // (_parallel.CHUNKS_PER_THREAD * threads))
 
         def chunk(i):
-            _planes(xf, yf, plan.inv, h, w, oh, ow, kh, kw, sh, sw, pt, pl, vlen, bool(is_max),
-                    i * per, min(planes, (i + 1) * per))
+            _planes(xf, yf, *args, i * per, min(planes, (i + 1) * per))
 
         _parallel.run_chunks(chunk, -(-planes // per), threads)
         return y
-    _planes(xf, yf, plan.inv, h, w, oh, ow, kh, kw, sh, sw, pt, pl, vlen, bool(is_max), 0, planes)
+    _planes(xf, yf, *args, 0, planes)
     return y

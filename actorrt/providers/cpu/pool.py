@@ -220,18 +220,25 @@ def _rows(x, kernel, strides, dil, pb, out, counts):
     from . import _pool_rows
     if not _pool_rows.applies(x, kernel, strides, dil, counts is None):
         return None
-    key = (x.shape, tuple(kernel), tuple(strides), tuple(pb), tuple(out),
+    plan = _row_plan(x.shape, kernel, strides, pb, out, counts)
+    from ._threads import current
+    tracing.kernel_variant("pool", "rows", "kernel=%s", kernel)
+    return _pool_rows.pool2d(plan, x, current())
+
+
+def _row_plan(shape, kernel, strides, pb, out, counts):
+    """The shared :mod:`._pool_rows` plan of these shapes and window."""
+    from . import _pool_rows
+    key = (shape, tuple(kernel), tuple(strides), tuple(pb), tuple(out),
            None if counts is None else (counts[0].tobytes(), counts[1].tobytes()))
     with _FLAT_LOCK:
         plan = _ROW_PLANS.get(key)
         if plan is None:
             if len(_ROW_PLANS) >= FLAT_PLANS_MAX:
                 _ROW_PLANS.pop(next(iter(_ROW_PLANS)))
-            plan = _ROW_PLANS[key] = _pool_rows.make_plan(x.shape, kernel, strides, pb, out,
+            plan = _ROW_PLANS[key] = _pool_rows.make_plan(shape, kernel, strides, pb, out,
                                                           counts)
-    from ._threads import current
-    tracing.kernel_variant("pool", "rows", "kernel=%s", kernel)
-    return _pool_rows.pool2d(plan, x, current())
+    return plan
 
 
 def _blocked(x, kernel, strides, dil, pb, out, is_max, counts):
@@ -331,6 +338,16 @@ class MaxPool(Kernel):
         require(int(node.attr("storage_order", 0)) in (0, 1), "MaxPool: storage_order must be 0/1")
 
     def run(self, x):
+        rows = self.__dict__.get("_row_plans")
+        if rows:  # a shape the row kernel took before: its plan
+            plan = rows.get(x.shape)
+            if plan is not None and x.dtype == np.float32 and COMPILED and \
+                    self.node.num_outputs == 1:
+                from . import _pool_rows
+                if _pool_rows.ENABLED:
+                    from ._threads import current
+                    tracing.kernel_variant("pool", "rows", "kernel=%s", plan.args[5:7])
+                    return (_pool_rows.pool2d(plan, x, current()),)
         a = self.node.attr
         auto_pad = a("auto_pad", "NOTSET")
         kernel, strides, dil, out, pb, pe, _ = _window_cached(
@@ -340,6 +357,11 @@ class MaxPool(Kernel):
         want_idx = self.node.num_outputs > 1 and self.node.outputs[1] != ""
         if COMPILED and not want_idx:
             y = _rows(x, kernel, strides, dil, pb, out, None)
+            if y is not None and self.node.num_outputs == 1:
+                rows = self.__dict__.setdefault("_row_plans", {})
+                if len(rows) >= 64:
+                    rows.clear()
+                rows[x.shape] = _row_plan(x.shape, kernel, strides, pb, out, None)
             if y is None:
                 y = _blocked(x, kernel, strides, dil, pb, out, True, None)
             if y is None:

@@ -437,9 +437,10 @@ class Prepared:
     weights, the offset tables, the output shape; :func:`execute` runs it."""
 
     __slots__ = ("wt", "groups", "toffs", "pix", "dst", "geo", "c", "hw", "m", "ohw",
-                 "x_shape", "y_shape")
+                 "x_shape", "y_shape", "blocks")
 
     def __init__(self, **kw):
+        self.blocks = []  # the partner split's parameter blocks (:mod:`._conv_split`)
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -479,7 +480,7 @@ def execute(p: Prepared, x: np.ndarray, bias: np.ndarray, z, alpha, lo, hi,
         from . import _conv_split
         team = _conv_split.team_for(threads)
         if team is not None and n >= threads:  # whole images a thread
-            if _conv_split.conv_blocked_images(team, args, n, threads):
+            if _conv_split.conv_blocked_images(team, args, n, threads, p.blocks):
                 return y
         elif team is not None:  # per image: input blocks, then (group, pixels) items
             geo, m, ohw = p.geo, p.m, p.ohw

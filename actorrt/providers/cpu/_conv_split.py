@@ -331,6 +331,19 @@ if HAVE_SPLIT:
         p[28] = geo.ctypes.data
 
     @njit(nogil=True, cache=True)
+    def _fill_cb_call(p, f, xf, bias, zf, has_z, yf, alpha, lo, hi):  # pragma: no cover
+        """The per-call slots of a kept channel-blocked conv block (the
+        input, the bias, the residual, the output; the epilogue in ``f``)."""
+        p[0], p[1] = xf.ctypes.data, xf.size
+        p[4], p[5] = bias.ctypes.data, bias.size
+        p[6], p[7] = zf.ctypes.data, zf.size
+        p[8], p[9] = yf.ctypes.data, yf.size
+        p[16], p[17] = xf.ctypes.data, xf.size  # (images: scratch of their own)
+        p[18], p[19] = xf.ctypes.data, xf.size
+        p[23] = has_z
+        f[0], f[1], f[2] = alpha, lo, hi
+
+    @njit(nogil=True, cache=True)
     def _fill_copy(p, xf, buf, h, w):  # pragma: no cover
         p[0] = xf.ctypes.data
         p[1] = xf.size
@@ -650,14 +663,28 @@ def _cb_params(args, xs, os_) -> tuple[np.ndarray, np.ndarray]:
     return p, ep
 
 
-def conv_blocked_images(team, args, n: int, threads: int) -> bool:
+def conv_blocked_images(team, args, n: int, threads: int, free: list | None = None) -> bool:
     """:mod:`._conv_blocked`'s whole images ``0 .. n - 1`` (``args``: its
     ``_images`` arguments before the range) on the caller and ``team``.
-    False (nothing done) without the kernel."""
+    ``free``: a list of parameter blocks kept by the caller for calls of
+    these shapes, weights and tables (:data:`SPLIT_BLOCKS`: a block's
+    constant slots are written once, a call writes the input, bias,
+    residual, output and epilogue slots). False (nothing done) without the
+    kernel."""
     if not CB_IMAGES:
         return False
-    p, ep = _cb_params(args, args[0], args[0])
-    _run(team, CB_IMAGES, p, n, threads)
+    if free is None or not SPLIT_BLOCKS:
+        p, ep = _cb_params(args, args[0], args[0])
+        _run(team, CB_IMAGES, p, n, threads)
+        return True
+    try:
+        blk = free.pop()
+    except IndexError:  # a new block: every slot (the x / y ones rewritten below)
+        blk = _Block(_cb_params(args, args[0], args[0])[0], 22)
+    xf, bias, zf, has_z, yf = args[0], args[2], args[3], args[4], args[5]
+    _fill_cb_call(blk.p, blk.f, xf, bias, zf, has_z, yf, args[15], args[16], args[17])
+    _run_addr(team, CB_IMAGES, blk.addr, n, threads)
+    free.append(blk)
     return True
 
 

@@ -125,3 +125,33 @@ def test_switch_off_after_the_prepared_call(case, module, monkeypatch):
         assert last.get("variant") != "direct"
     else:
         assert "channel blocks" not in last.get("reason", "")
+
+
+def test_kept_partner_blocks_across_calls(monkeypatch):
+    """The channel-blocked conv's whole-image split at two threads with its
+    parameter blocks kept across calls (the per-call slots rewritten): new
+    inputs, fed bias and residual each run give one thread's values bit for
+    bit."""
+    from actorrt.providers.cpu import _conv_split
+    if not _conv_split.HAVE_SPLIT:
+        pytest.skip("no compiled partner threads")
+    monkeypatch.setattr(_conv_split, "MIN_CONV_FLOPS", 0)
+    CASES["batch4"] = ((4, 16, 8, 8), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "direct")
+    try:
+        model = _model("batch4", "input", True)
+    finally:
+        del CASES["batch4"]
+    posted = []
+    from actorrt.providers.cpu import _partner
+    real = _partner.run_items
+    monkeypatch.setattr(_partner, "run_items", lambda t, fn, p, items, chunks, linger=0:
+                        posted.append(fn) or real(t, fn, p, items, chunks, linger))
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=2)) as two, \
+            actorrt.InferenceSession(model, actorrt.SessionOptions(intra_op_num_threads=1)) as one:
+        for _ in range(4):
+            feeds = _feeds(model)
+            got = two.run(None, feeds)[0]
+            np.testing.assert_array_equal(got, one.run(None, feeds)[0])
+            np.testing.assert_allclose(got, ref.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert posted.count(_conv_split.CB_IMAGES) == 4

@@ -487,7 +487,8 @@ def execute(p: Prepared, x: np.ndarray, bias: np.ndarray, z, alpha, lo, hi,
             xs = np.empty(int(geo[7] * geo[4] * geo[5] * geo[6]), np.float32)
             os_ = np.empty(-(-m // LANES) * LANES * ohw, np.float32)
             chunk = _chunk(ohw, p.groups.shape[0], threads)
-            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads):
+            if _conv_split.conv_blocked_phases(team, args, xs, os_, chunk, n, threads,
+                                               p.blocks):
                 return y
     _images(*args, 0, n)
     return y

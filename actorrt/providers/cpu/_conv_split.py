@@ -331,15 +331,17 @@ if HAVE_SPLIT:
         p[28] = geo.ctypes.data
 
     @njit(nogil=True, cache=True)
-    def _fill_cb_call(p, f, xf, bias, zf, has_z, yf, alpha, lo, hi):  # pragma: no cover
+    def _fill_cb_call(p, f, xf, bias, zf, has_z, yf, xs, os_, alpha, lo,
+                      hi):  # pragma: no cover
         """The per-call slots of a kept channel-blocked conv block (the
-        input, the bias, the residual, the output; the epilogue in ``f``)."""
+        input, the bias, the residual, the output, the scratch; the epilogue
+        in ``f``)."""
         p[0], p[1] = xf.ctypes.data, xf.size
         p[4], p[5] = bias.ctypes.data, bias.size
         p[6], p[7] = zf.ctypes.data, zf.size
         p[8], p[9] = yf.ctypes.data, yf.size
-        p[16], p[17] = xf.ctypes.data, xf.size  # (images: scratch of their own)
-        p[18], p[19] = xf.ctypes.data, xf.size
+        p[16], p[17] = xs.ctypes.data, xs.size
+        p[18], p[19] = os_.ctypes.data, os_.size
         p[23] = has_z
         f[0], f[1], f[2] = alpha, lo, hi
 
@@ -677,31 +679,47 @@ def conv_blocked_images(team, args, n: int, threads: int, free: list | None = No
         p, ep = _cb_params(args, args[0], args[0])
         _run(team, CB_IMAGES, p, n, threads)
         return True
-    try:
-        blk = free.pop()
-    except IndexError:  # a new block: every slot (the x / y ones rewritten below)
-        blk = _Block(_cb_params(args, args[0], args[0])[0], 22)
-    xf, bias, zf, has_z, yf = args[0], args[2], args[3], args[4], args[5]
-    _fill_cb_call(blk.p, blk.f, xf, bias, zf, has_z, yf, args[15], args[16], args[17])
+    blk = _cb_block(free, args, args[0], args[0])
     _run_addr(team, CB_IMAGES, blk.addr, n, threads)
     free.append(blk)
     return True
 
 
+def _cb_block(free: list, args, xs, os_) -> _Block:
+    """A kept channel-blocked conv block from ``free`` (or a new one: every
+    slot), its per-call slots written for ``args`` and the scratch ``xs``,
+    ``os_`` (the input itself in the whole-image split: scratch of its own)."""
+    try:
+        blk = free.pop()
+    except IndexError:
+        blk = _Block(_cb_params(args, xs, os_)[0], 22)
+    _fill_cb_call(blk.p, blk.f, args[0], args[2], args[3], args[4], args[5], xs, os_,
+                  args[15], args[16], args[17])
+    return blk
+
+
 def conv_blocked_phases(team, args, xs: np.ndarray, os_: np.ndarray, chunk: int, n: int,
-                        threads: int) -> bool:
+                        threads: int, free: list | None = None) -> bool:
     """:mod:`._conv_blocked` per image on the caller and ``team``: the input
     blocks into the shared scratch ``xs``, then (output group, ``chunk``
     pixels) items through ``os_``. False (nothing done) without the kernel."""
     if not CB_IN:
         return False
-    p, ep = _cb_params(args, xs, os_)
+    blk = None
+    if free is not None and SPLIT_BLOCKS:
+        blk = _cb_block(free, args, xs, os_)
+        p, addr = blk.p, blk.addr
+    else:
+        p, ep = _cb_params(args, xs, os_)
+        addr = p.ctypes.data
     ohw, groups = args[13], args[9]
     nchunks = -(-ohw // chunk)
     p[30], p[31] = chunk, nchunks
     items = int(args[14][7])  # input blocks or planes
     for i in range(n):
         p[29] = i
-        _run(team, CB_IN, p, items, threads)
-        _run(team, CB_TILES, p, groups.shape[0] * nchunks, threads)
+        _run_addr(team, CB_IN, addr, items, threads)
+        _run_addr(team, CB_TILES, addr, groups.shape[0] * nchunks, threads)
+    if blk is not None:
+        free.append(blk)
     return True

@@ -127,16 +127,17 @@ def test_switch_off_after_the_prepared_call(case, module, monkeypatch):
         assert "channel blocks" not in last.get("reason", "")
 
 
-def test_kept_partner_blocks_across_calls(monkeypatch):
-    """The channel-blocked conv's whole-image split at two threads with its
-    parameter blocks kept across calls (the per-call slots rewritten): new
-    inputs, fed bias and residual each run give one thread's values bit for
-    bit."""
+@pytest.mark.parametrize("batch", [4, 1])
+def test_kept_partner_blocks_across_calls(batch, monkeypatch):
+    """The channel-blocked conv's partner split at two threads (batch 4: whole
+    images; 1: input blocks, then tiles) with its parameter blocks kept
+    across calls (the per-call slots rewritten): new inputs, fed bias and
+    residual each run give one thread's values bit for bit."""
     from actorrt.providers.cpu import _conv_split
     if not _conv_split.HAVE_SPLIT:
         pytest.skip("no compiled partner threads")
     monkeypatch.setattr(_conv_split, "MIN_CONV_FLOPS", 0)
-    CASES["batch4"] = ((4, 16, 8, 8), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "direct")
+    CASES["batch4"] = ((batch, 16, 8, 8), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "direct")
     try:
         model = _model("batch4", "input", True)
     finally:
@@ -154,4 +155,7 @@ def test_kept_partner_blocks_across_calls(monkeypatch):
             got = two.run(None, feeds)[0]
             np.testing.assert_array_equal(got, one.run(None, feeds)[0])
             np.testing.assert_allclose(got, ref.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
-    assert posted.count(_conv_split.CB_IMAGES) == 4
+    if batch == 4:
+        assert posted.count(_conv_split.CB_IMAGES) == 4
+    else:
+        assert posted.count(_conv_split.CB_IN) == posted.count(_conv_split.CB_TILES) == 4

@@ -9,7 +9,12 @@ shape go straight to the kernel: ~3-4 us less a node than the full path's
 checks, geometry lookups and packing (docs/speed.md round 15). A call
 re-checks the switches of the kernels it uses (``ENABLED`` / ``COMPILED``:
 tests turn kernels off at run time); a bias that is neither absent nor the
-constant one is packed per call.
+constant one is packed per call. A call also checks that the switches
+of every kernel the full path could choose (``ENABLED`` of the direct,
+channel-blocked, blocked-depthwise and row-depthwise kernels,
+``_conv_util.COMPILED``) are as they were when it was made: tests and the
+A/B benchmarks flip them between runs of one session, and the full path
+then chooses again.
 
 Kinds: ``"blocked"`` (:mod:`._conv_blocked`), ``"direct"``
 (:mod:`._conv_direct`), ``"dw"`` (:mod:`._dw_blocked`'s depthwise) and
@@ -22,7 +27,19 @@ import numpy as np
 
 from ... import tracing
 
-__all__ = ["Prepared"]
+__all__ = ["Prepared", "switches"]
+
+_MODULES: list = []
+
+
+def switches() -> tuple:
+    """The kernel switches the full path's choice depends on (module doc)."""
+    if not _MODULES:
+        from . import _conv_blocked, _conv_direct, _conv_util, _dw_blocked, _dw_rows
+        _MODULES.extend((_conv_direct, _conv_blocked, _dw_blocked, _dw_rows))
+        _MODULES.append(_conv_util)
+    d, b, dwb, dwr, cu = _MODULES
+    return d.ENABLED, b.ENABLED, dwb.ENABLED, dwr.ENABLED, cu.COMPILED
 
 
 class Prepared:
@@ -49,7 +66,7 @@ class Prepared:
     """
 
     __slots__ = ("kind", "cb", "cdr", "prep", "wp", "y_shape", "b_none", "b_const",
-                 "bt_const", "ep", "split", "kernel", "planes", "threads", "pack_b")
+                 "bt_const", "ep", "split", "kernel", "planes", "threads", "pack_b", "made")
 
     def __init__(self, kind, cb, cdr, prep, y_shape, ep, split, kernel, planes, pack_b, bconst,
                  wp=None, threads=None):
@@ -58,6 +75,7 @@ class Prepared:
         self.split, self.kernel, self.planes, self.wp = split, kernel, planes, wp
         self.threads = threads if threads is not None else cdr
         self.pack_b = pack_b
+        self.made = switches()
         m = y_shape[1]
         self.b_none = pack_b(None)
         self.b_const = bconst
@@ -66,12 +84,9 @@ class Prepared:
 
     def usable(self, x: np.ndarray, z) -> bool:
         """Whether this call takes ``x`` (float32) and ``z`` (None or of the
-        output's shape) with its kernels still switched on."""
-        if x.dtype != np.float32 or (z is not None and z.shape != self.y_shape):
-            return False
-        if self.kind in ("dw", "dwr"):
-            return self.cb.ENABLED and self.cdr.COMPILED
-        return self.cdr.ENABLED and (self.kind != "blocked" or self.cb.ENABLED)
+        output's shape), the kernel switches as they were (module doc)."""
+        return x.dtype == np.float32 and (z is None or z.shape == self.y_shape) \
+            and switches() == self.made
 
     def call(self, x: np.ndarray, b, z) -> np.ndarray | None:
         """``y`` of ``x`` (the shapes matched), bias ``b`` and residual ``z``;

@@ -8,8 +8,12 @@ Float32 2-D Conv / FusedConv that :func:`._conv_direct.applies` to (not
 depthwise; on AVX2 hosts small channel counts and not 1x1, on AVX-512 hosts
 every one up to 4 MB of weights, 1x1 included) run the direct register-blocked
 kernel with the epilogue in its store; 2-D depthwise convs run the compiled
-depthwise kernel with the epilogue in its store; the rest go through
-:func:`._conv_util.conv_core` (im2col / 1x1 GEMM on OpenBLAS).
+depthwise kernels (rows of :mod:`._dw_rows` on wide planes, 16-channel blocks
+of :mod:`._dw_blocked`, or the plane kernel of :mod:`._conv_numba`) with the
+epilogue in their store; the rest go through
+:func:`._conv_util.conv_core` (im2col / 1x1 GEMM on OpenBLAS). A shape seen
+before with a constant weight goes straight to its kernel through the call
+kept by :mod:`._conv_prepared`.
 """
 
 from __future__ import annotations

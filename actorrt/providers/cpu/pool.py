@@ -3,6 +3,9 @@ and RoiAlign (ONNX spec, every since-version up to opset 28).
 
 Layout ``(N, C, D1, ..., Dn)``. Windows are reduced with one vectorised
 operation per kernel tap; float16/bfloat16 sums accumulate in float32. 2-D
+float32 MaxPool (without Indices) and AveragePool with dilation 1, column
+stride 1-2 on wide planes run first as a vertical then a horizontal vector
+pass per output row (:mod:`._pool_rows`, :func:`._pool_rows.applies`). 2-D
 float32/float64 stride-1 MaxPool (without Indices) and AveragePool at strides
 up to 2 run as tap reductions over the flattened, padded planes
 (:mod:`._pool_flat`); the others and GlobalAveragePool run compiled and

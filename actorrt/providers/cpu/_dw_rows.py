@@ -55,6 +55,8 @@ if HAVE_KERNEL:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
+    from ._dw_blocked import mload_store_fns
+
     _f32, _i1, _i32, _i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
     _V = ir.VectorType
     _VF = _V(_f32, LANES)
@@ -135,18 +137,11 @@ if HAVE_KERNEL:
             alv = _ct.splat(builder, alpha, LANES)
             lov, hiv = _ct.splat(builder, lo, LANES), _ct.splat(builder, hi, LANES)
             mask = None
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VF, [_VF.as_pointer(), _i32, _V(_i1, LANES),
-                                                      _VF]),
-                f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32")
+            mload, mstore = mload_store_fns(builder)
             if masked:
                 mask = builder.icmp_signed(
                     "<", ir.Constant(_V(_i64, LANES), list(range(LANES))),
                     _ct.splat(builder, last, LANES))
-                mstore = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(ir.VoidType(), [_VF, _VF.as_pointer(), _i32,
-                                                                    _V(_i1, LANES)]),
-                    f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32")
             for o, v in zip(offs, finals):
                 at = builder.add(y_off, o)
                 zptr = _ct.vec_ptr(builder, za, at, LANES)

@@ -63,14 +63,10 @@ if HAVE_KERNEL:
     _V = ir.VectorType
     _VF = _V(_f32, LANES)
 
+    from ._dw_blocked import mload_store_fns
+
     def _fns(builder):
-        mask_t = _V(_i1, LANES)
-        mload = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VF, [_VF.as_pointer(), _i32, mask_t, _VF]),
-            f"llvm.masked.load.v{LANES}f32.p0v{LANES}f32")
-        mstore = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [_VF, _VF.as_pointer(), _i32, mask_t]),
-            f"llvm.masked.store.v{LANES}f32.p0v{LANES}f32")
+        mload, mstore = mload_store_fns(builder)
         vmax = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_VF, [_VF, _VF]), f"llvm.maxnum.v{LANES}f32")
         return mload, mstore, vmax

@@ -16,6 +16,8 @@ from onnx import TensorProto as TP, helper, numpy_helper
 import actorrt
 from actorrt.providers.cpu import _conv_split, _dw_rows
 
+from .test_conv_prepared import _feeds
+
 RNG = np.random.default_rng(33)
 
 pytestmark = pytest.mark.skipif(not _dw_rows.HAVE_KERNEL,
@@ -79,14 +81,6 @@ def _model(case, bias: str, act: str, residual: bool):
     g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TP.FLOAT, None)],
                           inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _feeds(model):
-    out = {}
-    for vi in model.graph.input:
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        out[vi.name] = RNG.standard_normal(shape).astype(np.float32)
-    return out
 
 
 def _force(monkeypatch, mode):

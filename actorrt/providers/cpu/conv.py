@@ -114,7 +114,6 @@ class _PackedWeightConv(Kernel):
     the GEMM layout, shared by every instance of the node."""
 
     _wpack = None
-    _bconst = None
 
     @classmethod
     def estimate_flops(cls, node):
@@ -127,7 +126,6 @@ class _PackedWeightConv(Kernel):
                 shared["wpack"] = _pack(w, int(self.node.attr("group", 1)),
                                         compute_dtype(w.dtype))
             self._wpack = shared["wpack"]
-        self._bconst = constants.get(2)  # a constant bias (its packed form is cached)
 
 
 @cpu_kernel("Conv", since=(1, 11, 22))
@@ -139,8 +137,15 @@ class Conv(_PackedWeightConv):
     def check(cls, node):
         _check_conv_attrs(node)
 
-
     uses_workspace = True
+    #: the node's constant bias (input 2), if any: its packed form is kept
+    #: with the prepared calls
+    _bconst = None
+
+    def prepare(self, constants, shared):
+        super().prepare(constants, shared)
+        self._bconst = constants.get(2)
+
     #: per-kernel caches of the shape work, keyed by input shapes (bounded)
     _CACHE_SIZE = 64
 

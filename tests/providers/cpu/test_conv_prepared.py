@@ -82,7 +82,10 @@ def test_prepared_call_equals_the_full_path(case, bias, residual, monkeypatch):
     def spy(self, x, b, z):
         y = real(self, x, b, z)
         calls.append(y is not None)
+        consts.append(b is not None and b is self.b_const and self.bt_const is not None)
         return y
+
+    consts = []
 
     monkeypatch.setattr(_conv_prepared.Prepared, "call", spy)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -99,6 +102,7 @@ def test_prepared_call_equals_the_full_path(case, bias, residual, monkeypatch):
         variants = [(sp.args.get("kernel_variant.conv") or {}).get("variant")
                     for sp in on.session.tracer.spans if sp.cat == "op"]
     assert calls.count(True) == 3  # every run after the first
+    assert all(consts) if bias == "const" else not any(consts)  # the constant bias kept packed
     assert variants.count(CASES[case][3]) == 4
 
 

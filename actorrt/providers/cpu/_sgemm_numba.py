@@ -48,7 +48,7 @@ from . import _conv_tiles as _ct  # the outputs' slack for the masked stores
 
 from .math import ERF32_RATIONAL
 
-__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "gemm", "run", "bmm", "gemm_panels_range",
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "row_block", "gemm", "run", "bmm", "gemm_panels_range",
            "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "BMM_MIN_ROWS", "USE_PARTNERS", "ENABLED"]
 
 #: output columns per panel (two 16-float vectors)
@@ -292,18 +292,32 @@ if HAVE_SGEMM:
         bias = np.zeros(npan * NR, np.float32)
         for i in range(i0, i1):
             bi = b[i]
+            # read b along its smaller stride (a transposed view: down its columns)
+            down = bi.strides[0] < bi.strides[1]
             for j in range(npan):
                 c0 = j * NR
                 nc = min(NR, n - c0)
-                for kk in range(k):
+                if down:
                     for c in range(nc):
-                        p[j, kk, c] = bi[kk, c0 + c]
+                        for kk in range(k):
+                            p[j, kk, c] = bi[kk, c0 + c]
+                else:
+                    for kk in range(k):
+                        for c in range(nc):
+                            p[j, kk, c] = bi[kk, c0 + c]
             gemm_panels_range(a[i], p, bias, out[i], 0, npan, 0, row_block)
 
     @njit(nogil=True, cache=True)
     def _bmm(a, b, out, row_block):  # pragma: no cover - compiled
         # every batch entry (bmm_entries)
         bmm_entries(a, b, out, row_block, 0, a.shape[0])
+
+
+def row_block(k: int) -> int:
+    """Rows of A a block of the compiled GEMM takes for a reduction of ``k``
+    (its float32 rows within ``_ROW_BLOCK_BYTES``, L2; a multiple of 8, at
+    least 8)."""
+    return max(8, (_ROW_BLOCK_BYTES // (4 * max(k, 1))) // 8 * 8)
 
 
 def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
@@ -336,7 +350,7 @@ def bmm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
             not out.flags.c_contiguous or not out.flags.writeable or \
             _ct.overrun_leaves_page(out):
         return None  # (the tiles' masked store may address past out's end)
-    rb = max(8, (_ROW_BLOCK_BYTES // (4 * k)) // 8 * 8)
+    rb = row_block(k)
     out3 = out.reshape(bt, m, n)
     if threads > 1 and bt > 1 and USE_PARTNERS and 2 * bt * m * n * k >= PARTNER_MIN_FLOPS:
         from . import _partner
@@ -367,7 +381,7 @@ class PackedB:
         padded[:, :n] = b
         self.k, self.n = k, n
         #: rows of A per block (its float32 rows within _ROW_BLOCK_BYTES, L2)
-        self.row_block = max(8, (_ROW_BLOCK_BYTES // (4 * max(k, 1))) // 8 * 8)
+        self.row_block = row_block(k)
         self.panels = np.ascontiguousarray(padded.reshape(k, npan, NR).transpose(1, 0, 2))
         self._zero_bias = np.zeros(npan * NR, np.float32)
         self._biases: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -235,6 +235,9 @@ def ScaledDotAttention(q, k, v, mask=None, *, scale=1.0, transpose_k=0):
         return _sdpa(q, k, v, mask, scale)
     sq, d, t, dv = q.shape[-2], q.shape[-1], k.shape[-1], v.shape[-1]
     if _partner_split(q, k, v):
+        y = _entries_split(q, k, v, mask, scale, threads)
+        if y is not None:
+            return y
         with _threads.serial_blas():
             return _sdpa(q, k, v, mask, scale, threads=threads)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2],
@@ -270,10 +273,32 @@ def _partner_split(q, k, v) -> bool:
     from . import _matmul_split
     sg = _matmul_split._sgemm()
     if sg is None or not sg.USE_PARTNERS or q.shape[-2] < sg.BMM_MIN_ROWS or \
-            int(np.prod(q.shape[:-2])) < 2:
+            math.prod(q.shape[:-2]) < 2:
         return False
     from . import _partner
     return _partner.AVAILABLE
+
+
+def _entries_split(q, k, v, mask, scale, threads):
+    """:func:`_sdpa`'s result with each batch entry's three passes on one
+    thread, the entries over the caller and its partners
+    (:func:`._attention_split.attend_entries`, one hand-off); None where
+    that does not apply (then the passes split one by one)."""
+    from . import _attention_split, _softmax_numba
+    if not ENTRIES_SPLIT or not _softmax_numba.HAVE_NUMBA:
+        return None
+    m2 = None
+    if mask is not None:
+        m2 = _softmax_numba.mask_rows(q.shape[:-1] + k.shape[-1:], mask)
+        if m2 is None:
+            return None
+    return _attention_split.attend_entries(q, k, v, m2, 0 if m2 is None else m2.shape[0],
+                                           scale, threads)
+
+
+#: multi-row attention at more than one thread: each entry's passes on one
+#: thread, entries split (:func:`_entries_split`); False: each pass split
+ENTRIES_SPLIT = True
 
 
 def _bmm(a, b, out=None, threads=1):

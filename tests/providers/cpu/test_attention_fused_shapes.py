@@ -60,18 +60,23 @@ def _attention_model(qs, ks, vs, mask_shape, scale_op, k_perm):
     (2, 1, 3, 9, 4, (2, 1, 3, 1), "Mul"),         # a mask broadcast along the keys
 ])
 @pytest.mark.parametrize("strided_k", [False, True])
-@pytest.mark.parametrize("threads,split", [(1, ""), (2, "chunks"), (2, "partners")])
+@pytest.mark.parametrize("threads,split", [(1, ""), (2, "chunks"), (2, "partners"),
+                                           (2, "passes")])
 @pytest.mark.parametrize("compiled_decode", [True, False])
 def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, threads, split,
                                       compiled_decode, monkeypatch):
-    from actorrt.providers.cpu import _attention_numba, _partner, _sgemm_numba as sg
+    from actorrt.providers.cpu import _attention_numba, _attention_split, _partner
+    from actorrt.providers.cpu import _sgemm_numba as sg, attention as cpu_attention
     if not compiled_decode:  # the numpy / batched-GEMM path for few rows too
         monkeypatch.setattr(_attention_numba, "COMPILED", False)
     elif not _attention_numba.HAVE_NUMBA:
         pytest.skip("no numba here")
-    partners = split == "partners" and _partner.AVAILABLE and sg.ENABLED
-    if split == "partners" and not partners:
+    partners = split in ("partners", "passes") and _partner.AVAILABLE and sg.ENABLED
+    if split in ("partners", "passes") and not partners:
         pytest.skip("no compiled partner threads here")
+    # "partners": each entry's passes on one thread, the entries split
+    # (_attention_split); "passes": each of the three passes split
+    monkeypatch.setattr(cpu_attention, "ENTRIES_SPLIT", split == "partners")
     if threads == 2:  # every product split (by heads, or each pass over the partners)
         from actorrt.providers.cpu import _matmul_split
         from actorrt.providers.cpu import _parallel, _softmax_numba
@@ -85,6 +90,9 @@ def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, 
         monkeypatch.setattr(_partner, "bmm_entries", lambda *a: (seen_p.append("bmm"), real_b(*a))[1])
         monkeypatch.setattr(_partner, "softmax_rows",
                             lambda *a: (seen_p.append("softmax"), real_s(*a))[1])
+        real_i = _partner.run_items
+        monkeypatch.setattr(_partner, "run_items", lambda t, fn, *a: (
+            seen_p.append("entries" if fn == _attention_split._ADDR else fn), real_i(t, fn, *a))[1])
     q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
     v = RNG.standard_normal((b, h, t, d + 1)).astype(np.float32)
     if strided_k:  # keys as (b, h, t, d), transposed by the graph as GPT-2 exports do
@@ -109,6 +117,8 @@ def test_attention_equals_onnxruntime(b, h, s, t, d, mask, scale_op, strided_k, 
     if threads == 2 and b * h > 1:
         if compiled_decode and s <= _attention_numba.MAX_ROWS:  # one compiled call, no split
             assert not seen and not seen_p
+        elif partners and s >= sg.BMM_MIN_ROWS and split == "partners":
+            assert seen_p == ["entries"] and not seen  # one hand-off
         elif partners and s >= sg.BMM_MIN_ROWS:  # the three passes over the partners
             assert seen_p == ["bmm", "softmax", "bmm"] and not seen
         else:

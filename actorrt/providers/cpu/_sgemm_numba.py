@@ -292,19 +292,12 @@ if HAVE_SGEMM:
         bias = np.zeros(npan * NR, np.float32)
         for i in range(i0, i1):
             bi = b[i]
-            # read b along its smaller stride (a transposed view: down its columns)
-            down = bi.strides[0] < bi.strides[1]
             for j in range(npan):
                 c0 = j * NR
                 nc = min(NR, n - c0)
-                if down:
+                for kk in range(k):
                     for c in range(nc):
-                        for kk in range(k):
-                            p[j, kk, c] = bi[kk, c0 + c]
-                else:
-                    for kk in range(k):
-                        for c in range(nc):
-                            p[j, kk, c] = bi[kk, c0 + c]
+                        p[j, kk, c] = bi[kk, c0 + c]
             gemm_panels_range(a[i], p, bias, out[i], 0, npan, 0, row_block)
 
     @njit(nogil=True, cache=True)

@@ -81,7 +81,7 @@ def tensor_to_numpy(t: ir.TensorProtocol) -> np.ndarray:
         out = np.empty(len(flat), dtype=object)
         out[:] = flat
         return out.reshape(arr.shape)
-    return arr
+    return _dtypes.native(arr)  # numpy's own dtype object (identity tests on hot paths)
 
 
 def attr_value(a: ir.Attr) -> Any:

@@ -19,11 +19,14 @@ from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every ker
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "COMPILED", "layer_norm", "rows_range", "PARALLEL_MIN_ELEMENTS",
-           "PARTNER_MIN_ELEMENTS", "USE_PARTNERS"]
+__all__ = ["HAVE_NUMBA", "COMPILED", "PREPARED", "RowsCall", "layer_norm", "prepare", "rows_range",
+           "PARALLEL_MIN_ELEMENTS", "PARTNER_MIN_ELEMENTS", "USE_PARTNERS"]
 
 #: the compiled path runs (tests switch it off to check the numpy one)
 COMPILED = True
+#: nodes keep a prepared call per shape (:class:`RowsCall`; False: every call
+#: through :func:`layer_norm`, for A/B runs)
+PREPARED = True
 #: from this many elements (and two rows) the rows are split over the intra-op
 #: threads: row blocks, one serial compiled call each, on the help-first chunk
 #: loop (:func:`._parallel.run_chunks`; numba's own parallel region waited for
@@ -98,6 +101,18 @@ if HAVE_NUMBA:
     def _rows_serial(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags):  # pragma: no cover
         rows_range(x, skip, bias, gamma, beta, eps, y, s, mean_o, inv_o, flags, 0, x.shape[0])
 
+    @njit(nogil=True, cache=True)
+    def _rows_nd(x, skip, bias, gamma, beta, eps, y, s, stats, flags):  # pragma: no cover
+        # every row of C-contiguous x (any rank, rows of gamma's size) into y, the
+        # kept sum s and stats (2, ...): means, then inverse deviations
+        d = gamma.shape[0]
+        rows = x.size // d
+        sk = skip.reshape(rows, d) if flags & 1 else skip.reshape(1, 1)
+        s2 = s.reshape(rows, d) if flags & 3 else s.reshape(1, 1)
+        st = stats.reshape(2, rows)
+        rows_range(x.reshape(rows, d), sk, bias, gamma, beta, eps, y.reshape(rows, d), s2,
+                   st[0], st[1], flags, 0, rows)
+
 
 
 def _vector(p, d: int):
@@ -155,6 +170,81 @@ def _last_axis_serial(x, gamma, beta, epsilon, skip, bias, keep_sum):
     if keep_sum:
         total = s.reshape(x.shape) if flags & 3 else x
     return y, mean, inv, total
+
+
+_F32 = np.dtype(np.float32)
+
+
+class RowsCall:
+    """One node's prepared serial call of the normalization for one input
+    shape (:func:`prepare`): C-contiguous float32 ``x`` normalized over its
+    last axis, constant ``gamma`` / ``beta`` / ``bias`` (the very arrays),
+    a same-shape skip or none; few enough values for one thread. A decode
+    step's ``(1, 1, D)`` (Skip)LayerNormalization spent ~3 µs of its ~4 µs in
+    the checks and reshapes of :func:`layer_norm`; :meth:`fits` is a few
+    identity and shape tests, :meth:`run` three allocations and the compiled
+    call (the same rows kernel, so the same bits)."""
+
+    __slots__ = ("shape", "gamma", "beta", "bias", "has_skip", "eps", "flags", "stats_shape",
+                 "b", "bi")
+
+    def __init__(self, shape, gamma, beta, bias, has_skip, eps, flags):
+        self.shape, self.gamma, self.beta, self.bias = shape, gamma, beta, bias
+        self.has_skip, self.eps, self.flags = has_skip, eps, flags
+        self.stats_shape = (2,) + shape[:-1] + (1,)
+        self.b = beta if beta is not None else _NONE
+        self.bi = bias if bias is not None else _NONE
+
+    def fits(self, x, skip, gamma, beta, bias) -> bool:
+        """Whether this call takes these operands (else :func:`layer_norm`)."""
+        return (x.shape == self.shape and gamma is self.gamma and beta is self.beta
+                and bias is self.bias and x.dtype is _F32 and x.flags.c_contiguous
+                and COMPILED and PREPARED
+                and (skip is None if not self.has_skip else
+                     (skip is not None and skip.shape == self.shape and skip.dtype is _F32
+                      and skip.flags.c_contiguous)))
+
+    def run(self, x, skip):
+        """``(y, mean, inv_std, s)`` as :func:`layer_norm` with ``keep_sum``,
+        ``mean`` / ``inv_std`` shaped ``x.shape[:-1] + (1,)``."""
+        shape = self.shape
+        flags = self.flags
+        y = np.empty(shape, _F32)
+        stats = np.empty(self.stats_shape, _F32)
+        s = np.empty(shape, _F32) if flags & 3 else _NONE2
+        _rows_nd(x, skip if flags & 1 else _NONE2, self.bi, self.gamma, self.b, self.eps, y, s,
+                 stats, flags)
+        return y, stats[0], stats[1], (s if flags & 3 else x)
+
+
+def prepare(x, gamma, beta, epsilon, skip=None, bias=None) -> RowsCall | None:
+    """A :class:`RowsCall` for these operands (normalized over ``x``'s last
+    axis; ``skip`` / ``bias`` as :func:`layer_norm`), or None where the
+    prepared call does not apply: numba missing or off, other dtypes or
+    layouts, parameters that are not 1-D contiguous float32 of ``D`` values,
+    a broadcast skip, an empty ``x``, or enough rows for the row split."""
+    if not (HAVE_NUMBA and COMPILED and PREPARED) or x.dtype is not _F32 or x.ndim == 0 or \
+            not x.flags.c_contiguous:
+        return None
+    d = x.shape[-1]
+    rows = x.size // d if d else 0
+    if rows == 0 or (rows >= 2 and rows * d >= PARTNER_MIN_ELEMENTS) or not _is_vector(gamma, d):
+        return None
+    flags = 0
+    if beta is not None:
+        if not _is_vector(beta, d):
+            return None
+        flags |= 4
+    if bias is not None:
+        if not _is_vector(bias, d):
+            return None
+        flags |= 2
+    if skip is not None:
+        if skip.dtype is not _F32 or skip.shape != x.shape or not skip.flags.c_contiguous:
+            return None
+        flags |= 1
+    return RowsCall(x.shape, gamma, beta, bias, skip is not None, float(np.float32(epsilon)),
+                    flags)
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilon: float,

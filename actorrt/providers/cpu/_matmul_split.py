@@ -241,7 +241,7 @@ class ConstantOperand:
     one-row call (two threads racing build it twice; either copy is right).
     """
 
-    __slots__ = ("b", "transposed", "_bt", "_packed")
+    __slots__ = ("b", "transposed", "_bt", "_packed", "_call")
 
     def __init__(self, b: np.ndarray):
         self.b = b
@@ -252,6 +252,8 @@ class ConstantOperand:
         # the compiled sgemm's panels (:mod:`._sgemm_numba`), made on the
         # first float32 call; False: that kernel does not apply
         self._packed = None if b.dtype == np.float32 else False
+        # the compiled GEMM prepared for the last shape (_sgemm_numba.GemmCall)
+        self._call = None
 
     def compiled(self, a: np.ndarray, bias: np.ndarray | None = None,
                  act: str = "") -> np.ndarray | None:
@@ -262,6 +264,9 @@ class ConstantOperand:
         switched off (``_sgemm_numba.ENABLED``), ``a`` or ``bias`` not
         float32 (``bias`` must be ``(N,)``), ``a``'s last dim not ``K``, or an
         activation other than ``""`` / ``"Relu"`` / ``"Gelu"``."""
+        call = self._call
+        if call is not None and call.fits(a, bias, act, _threads.current()):
+            return call.run(a)  # this shape's prepared call (the same kernel calls as run)
         packed = self._packed
         if packed is False or a.dtype != np.float32 or a.ndim < 1 or \
                 a.shape[-1] != self.b.shape[0] or act not in ("", "Relu", "Gelu"):
@@ -274,7 +279,9 @@ class ConstantOperand:
             return None
         if packed is None:
             packed = self._packed = sg.PackedB(np.ascontiguousarray(self.b))
-        return sg.run(a, packed, bias, sg.ACT_CODES[act], _threads.current())
+        threads = _threads.current()
+        self._call = sg.prepare_call(a, packed, bias, act, threads)
+        return sg.run(a, packed, bias, sg.ACT_CODES[act], threads)
 
     @property
     def transposed_copy(self) -> np.ndarray | None:

@@ -48,8 +48,9 @@ from . import _conv_tiles as _ct  # the outputs' slack for the masked stores
 
 from .math import ERF32_RATIONAL
 
-__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "row_block", "gemm", "run", "bmm", "gemm_panels_range",
-           "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS", "BMM_MIN_ROWS", "USE_PARTNERS", "ENABLED"]
+__all__ = ["HAVE_SGEMM", "NR", "ACT_CODES", "PackedB", "GemmCall", "prepare_call", "row_block",
+           "gemm", "run", "bmm", "gemm_panels_range", "PARALLEL_MIN_FLOPS", "PARTNER_MIN_FLOPS",
+           "BMM_MIN_ROWS", "USE_PARTNERS", "ENABLED", "PREPARED_CALLS"]
 
 #: output columns per panel (two 16-float vectors)
 NR = 32
@@ -81,6 +82,9 @@ _ROW_BLOCK_BYTES = 1 << 18
 BMM_MIN_ROWS = 24
 #: switch for comparisons (False: every caller takes its BLAS path)
 ENABLED = True
+#: constant operands keep a prepared call per shape (:class:`GemmCall`; False:
+#: every call through :func:`run`, for A/B runs)
+PREPARED_CALLS = True
 
 
 def _host_has_avx512() -> bool:
@@ -305,6 +309,15 @@ if HAVE_SGEMM:
         # every batch entry (bmm_entries)
         bmm_entries(a, b, out, row_block, 0, a.shape[0])
 
+    @njit(nogil=True, cache=True)
+    def _gemm_nd(a, p, bias, out, act, row_block):  # pragma: no cover - compiled
+        # gemm_panels_range over every panel, a (..., K) / out (..., N) C-contiguous
+        k = p.shape[1]
+        n = out.shape[-1]
+        m = a.size // k
+        gemm_panels_range(a.reshape(m, k), p, bias, out.reshape(m, n), 0, p.shape[0], act,
+                          row_block)
+
 
 def row_block(k: int) -> int:
     """Rows of A a block of the compiled GEMM takes for a reduction of ``k``
@@ -469,6 +482,85 @@ def run(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, code: int,
             return out
     gemm_panels_range(a2, packed.panels, brow, out2, 0, npan, code, packed.row_block)
     return out
+
+
+_F32 = np.dtype(np.float32)
+
+
+class GemmCall:
+    """:func:`run` prepared for one shape of ``a`` (C-contiguous float32),
+    one packed ``B``, bias array and activation at one thread count
+    (:func:`prepare_call`): a decode step's one-row projection spent ~2 µs of
+    Python around a ~2 µs kernel in :func:`run`'s shape work, the bias
+    lookup and the split decision. :meth:`fits` is a few identity and shape
+    tests; :meth:`run` allocates the output and makes the same kernel calls
+    as :func:`run` (the same bits)."""
+
+    __slots__ = ("shape", "packed", "bias", "act", "code", "threads", "out_shape", "m", "brow",
+                 "team_chunks", "slack", "switches")
+
+    def __init__(self, shape, packed, bias, act, threads):
+        self.shape, self.packed, self.bias, self.act = shape, packed, bias, act
+        self.code = ACT_CODES[act]
+        self.threads = threads
+        k, n = packed.k, packed.n
+        self.out_shape = shape[:-1] + (n,)
+        self.m = m = int(np.prod(shape[:-1], dtype=np.int64))
+        self.brow = packed.bias_row(bias)
+        npan = packed.panels.shape[0]
+        # run's rule: the partners from PARTNER_MIN_FLOPS (0: one thread here)
+        self.team_chunks = min(npan, 2 * threads) if (
+            threads > 1 and npan > 1 and USE_PARTNERS and 2 * m * n * k >= PARTNER_MIN_FLOPS) else 0
+        self.slack = m * n * 4 >= _ct.SLACK_MIN_BYTES
+        # the split switches this call was made under (tests and A/B runs flip them)
+        self.switches = (USE_PARTNERS, PARTNER_MIN_FLOPS)
+
+    def fits(self, a, bias, act, threads) -> bool:
+        """Whether this call takes these operands (else :func:`run`)."""
+        return (a.shape == self.shape and bias is self.bias and act == self.act
+                and threads == self.threads and a.dtype is _F32 and a.flags.c_contiguous
+                and ENABLED and PREPARED_CALLS and self.switches[0] is USE_PARTNERS
+                and self.switches[1] == PARTNER_MIN_FLOPS)
+
+    def run(self, a: np.ndarray) -> np.ndarray:
+        """``act(a @ B + bias)``, a fresh array ``a.shape[:-1] + (N,)``."""
+        out = (_ct.empty_with_slack(self.out_shape, _F32) if self.slack
+               else np.empty(self.out_shape, _F32))
+        packed = self.packed
+        if self.team_chunks:
+            from . import _partner
+            team = _partner.team(self.threads)
+            if team is not None:
+                k = packed.k
+                _partner.gemm_panels(team, a.reshape(self.m, k), packed.panels, self.brow,
+                                     out.reshape(self.m, packed.n), self.code, packed.row_block,
+                                     self.team_chunks)
+                return out
+        _gemm_nd(a, packed.panels, self.brow, out, self.code, packed.row_block)
+        return out
+
+
+def prepare_call(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, act: str,
+                 threads: int) -> GemmCall | None:
+    """A :class:`GemmCall` for ``a``'s shape (``act`` a key of
+    :data:`ACT_CODES`), or None where :func:`run` takes
+    another route: ``a`` not C-contiguous float32 (numpy's own dtype object)
+    or empty, ``K`` 0, one panel split over the chunk loop (from
+    :data:`PARALLEL_MIN_FLOPS` without partners), or the kernel off."""
+    if not (HAVE_SGEMM and ENABLED and PREPARED_CALLS) or a.dtype is not _F32 or \
+            not a.flags.c_contiguous or a.ndim < 1 or a.size == 0 or packed.k == 0 or packed.n == 0 or \
+            a.shape[-1] != packed.k:
+        return None
+    call = GemmCall(a.shape, packed, bias, act, threads)
+    if call.team_chunks:
+        from . import _partner
+        if not _partner.AVAILABLE:
+            return None  # run's chunk-loop split
+    npan = packed.panels.shape[0]
+    flops = 2 * call.m * packed.n * packed.k
+    if not call.team_chunks and threads > 1 and npan > 1 and flops >= PARALLEL_MIN_FLOPS:
+        return None  # run's chunk-loop split (no partners here)
+    return call
 
 
 def _epilogue_only(out: np.ndarray, code: int) -> np.ndarray:

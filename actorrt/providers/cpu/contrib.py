@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from actorrt._lazy import lazy_module
+from .._contract import Kernel, NodeSpec
 from .registry import cpu_kernel
 
 _nb = lazy_module(f"{__package__}.llm._contrib_numba", globals(), "_nb")  # numba on first use
@@ -156,11 +157,34 @@ def SkipSimplifiedLayerNormalization(input, skip, gamma, bias=None, *, epsilon=1
             inv.astype(np.float32).reshape(shp), s.astype(dt, copy=False))
 
 
-@cpu_kernel("SkipLayerNormalization", domain=MS, multi_output=True)
-def SkipLayerNormalization(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12):
+@cpu_kernel("SkipLayerNormalization", domain=MS)
+class SkipLayerNormalization(Kernel):
     """com.microsoft SkipLayerNormalization: s = input + skip (+ bias); outputs
-    (LayerNorm(s) * gamma (+ beta), mean, inv_std_var, s). float32 with a
-    same-shape skip: one compiled call (:mod:`._layernorm_numba`)."""
+    (LayerNorm(s) * gamma (+ beta), mean, inv_std_var, s), ``input`` / ``skip``
+    ``(..., D)``, ``gamma`` / ``beta`` / ``bias`` ``(D,)``, statistics float32
+    ``(..., 1)``; attribute ``epsilon`` (default 1e-12). float32 with a
+    same-shape skip: one compiled call (:mod:`._layernorm_numba`); after a
+    shape's first call with constant parameters the node keeps the prepared
+    call (:class:`._layernorm_numba.RowsCall`); other dtypes in float32 and
+    cast back."""
+
+    multi_output = True
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self._epsilon = node.attr("epsilon", 1e-12)
+        self._rows = None  # the prepared call of the last float32 shape
+
+    def run(self, input, skip, gamma, beta=None, bias=None):
+        rows = self._rows
+        if rows is not None and rows.fits(input, skip, gamma, beta, bias):
+            return rows.run(input, skip)
+        if input.dtype == np.float32:
+            self._rows = _ln.prepare(input, gamma, beta, self._epsilon, skip, bias)
+        return _skip_layer_norm(input, skip, gamma, beta, bias, self._epsilon)
+
+
+def _skip_layer_norm(input, skip, gamma, beta, bias, epsilon):
     if input.dtype == np.float32:
         r = _ln.layer_norm(input, gamma, beta, epsilon, -1, skip, bias, keep_sum=True)
         if r is not None:

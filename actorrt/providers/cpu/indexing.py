@@ -35,6 +35,13 @@ def Gather(data, indices, *, axis=0):
     """ONNX Gather (opsets 1-13): ``np.take`` along ``axis``; output shape
     ``data.shape[:axis] + indices.shape + data.shape[axis+1:]``."""
     ax = norm_axis(axis, data.ndim, what="Gather axis")
+    if isinstance(indices, np.ndarray) and indices.dtype.kind == "i":
+        # np.take's bounds rule is ONNX's ([-dim, dim), negatives from the end): one
+        # call instead of an index pass first (an embedding row in ~1 instead of ~3 µs)
+        try:
+            return np.asarray(np.take(data, indices, axis=ax))
+        except IndexError:
+            pass  # norm_indices names the index and the valid range
     idx = norm_indices(indices, data.shape[ax], what="Gather indices")
     return np.asarray(np.take(data, idx, axis=ax))
 

@@ -194,10 +194,44 @@ def _stash_dtype(x_dtype: np.dtype, stash_type: int) -> np.dtype:
     return np.promote_types(st, acc_dtype(x_dtype))
 
 
-@cpu_kernel("LayerNormalization", since=17, multi_output=True)
-def LayerNormalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, node=None):
-    """ONNX LayerNormalization (opset 17): normalizes over dims ``axis..``;
-    optional outputs Mean and InvStdDev have shape ``X.shape[:axis] + (1,)*``."""
+@cpu_kernel("LayerNormalization", since=17)
+class LayerNormalization(Kernel):
+    """ONNX LayerNormalization (opset 17): normalizes ``X`` over dims
+    ``axis..`` (attributes ``axis`` -1, ``epsilon`` 1e-5, ``stash_type`` 1);
+    optional outputs Mean and InvStdDev have shape ``X.shape[:axis] + (1,)*``
+    and the declared dtype. float32: one compiled call
+    (:mod:`._layernorm_numba`); over the last axis, after a shape's first
+    call with constant ``Scale`` / ``B``, the node keeps the prepared call
+    (:class:`._layernorm_numba.RowsCall`). Raises ValueError for an axis
+    outside ``[-rank, rank)``."""
+
+    multi_output = True
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self._axis = node.attr("axis", -1)
+        self._epsilon = node.attr("epsilon", 1e-5)
+        self._stash = node.attr("stash_type", 1)
+        n_out = _requested(node)
+        # the prepared call's float32 statistics are what the node declares
+        self._fast_ok = n_out <= 1 or all(
+            _declared_dtype(node, i, np.float32) == np.float32 for i in range(1, n_out))
+        self._n_out = n_out
+        self._rows = None  # the prepared call of the last float32 shape
+
+    def run(self, X, Scale, B=None):
+        rows = self._rows
+        if rows is not None and rows.fits(X, None, Scale, B, None):
+            y, mean, inv, _ = rows.run(X, None)
+            return (y,) if self._n_out <= 1 else (y, mean, inv)
+        if self._fast_ok and X.dtype == np.float32 and self._stash == 1 and \
+                self._axis in (-1, X.ndim - 1):
+            self._rows = _ln.prepare(X, Scale, B, self._epsilon)
+        return _layer_norm(X, Scale, B, axis=self._axis, epsilon=self._epsilon,
+                           stash_type=self._stash, node=self.node)
+
+
+def _layer_norm(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1, node=None):
     ax = norm_axis(axis, X.ndim)
     dt = _stash_dtype(X.dtype, stash_type)
     if X.dtype == np.float32 and dt == np.float32:  # one compiled call (numba)

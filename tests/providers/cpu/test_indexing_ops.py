@@ -21,6 +21,16 @@ def test_gather_negative_and_axis():
 def test_gather_out_of_range_raises():
     with pytest.raises(IndexError, match="out of range"):
         direct("Gather", np.zeros((3, 2)), I64(3))
+    with pytest.raises(IndexError, match=r"value -4 is out of range .*\[-3, 2\]"):
+        direct("Gather", np.zeros((3, 2)), I64(0, -4))  # below -dim: not wrapped twice
+    with pytest.raises(IndexError, match="value 2 is out of range"):
+        direct("Gather", np.zeros((3, 2)), np.array([[1, 2]], np.int32), axis=1)
+
+
+def test_gather_unsigned_and_scalar_indices():
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    check_node("Gather", {"x": x, "i": np.array([3, 0, 3], np.uint32)}, axis=0)
+    check_node("Gather", {"x": x[0], "i": np.array(-1, np.int64)}, axis=0)  # a 0-d result
 
 
 def test_gather_elements():

@@ -509,8 +509,8 @@ class GemmCall:
         self.brow = packed.bias_row(bias)
         npan = packed.panels.shape[0]
         # run's rule: the partners from PARTNER_MIN_FLOPS (0: one thread here)
-        self.team_chunks = min(npan, 2 * threads) if (
-            threads > 1 and npan > 1 and USE_PARTNERS and 2 * m * n * k >= PARTNER_MIN_FLOPS) else 0
+        split = threads > 1 and npan > 1 and USE_PARTNERS and 2 * m * n * k >= PARTNER_MIN_FLOPS
+        self.team_chunks = min(npan, 2 * threads) if split else 0
         self.slack = m * n * 4 >= _ct.SLACK_MIN_BYTES
         # the split switches this call was made under (tests and A/B runs flip them)
         self.switches = (USE_PARTNERS, PARTNER_MIN_FLOPS)
@@ -548,8 +548,8 @@ def prepare_call(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, act: s
     or empty, ``K`` 0, one panel split over the chunk loop (from
     :data:`PARALLEL_MIN_FLOPS` without partners), or the kernel off."""
     if not (HAVE_SGEMM and ENABLED and PREPARED_CALLS) or a.dtype is not _F32 or \
-            not a.flags.c_contiguous or a.ndim < 1 or a.size == 0 or packed.k == 0 or packed.n == 0 or \
-            a.shape[-1] != packed.k:
+            not a.flags.c_contiguous or a.ndim < 1 or a.size == 0 or packed.k == 0 or \
+            packed.n == 0 or a.shape[-1] != packed.k:
         return None
     call = GemmCall(a.shape, packed, bias, act, threads)
     if call.team_chunks:

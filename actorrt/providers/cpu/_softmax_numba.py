@@ -29,7 +29,8 @@ import math
 
 import numpy as np
 
-__all__ = ["HAVE_NUMBA", "softmax_rows_f32", "mask_rows", "rows_range", "PARTNER_MIN_ELEMENTS", "USE_PARTNERS"]
+__all__ = ["HAVE_NUMBA", "softmax_rows_f32", "mask_rows", "rows_range", "PARTNER_MIN_ELEMENTS",
+           "USE_PARTNERS"]
 
 #: with more than one intra-op thread the rows split over the compiled
 #: partner threads (:mod:`._partner`) from this many values

@@ -46,17 +46,7 @@ if HAVE_SPLIT:
     from . import _sgemm_numba as _sg
     from . import _softmax_numba as _sm
 
-    def _ptr_intrinsic(ty):
-        def typer(typingctx, addr):
-            sig = nbt.CPointer(ty)(nbt.int64)
-
-            def codegen(context, builder, sig, args):
-                return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-            return sig, codegen
-        typer.__name__ = f"_ptr_{ty}"
-        return intrinsic(typer)
-
-    _f32p, _i64p = _ptr_intrinsic(nbt.float32), _ptr_intrinsic(nbt.int64)
+    _f32p, _i64p = _partner.f32_ptr, _partner.i64_ptr
 
     @intrinsic
     def _f32_from_bits(typingctx, bits):
@@ -76,7 +66,7 @@ if HAVE_SPLIT:
         return as_strided(carray(_f32p(addr), (extent,)), shape=shape,
                           strides=(s0 * 4, s1 * 4, s2 * 4))
 
-    @cfunc(nbt.void(nbt.int64, nbt.int64, nbt.int64), nogil=True, cache=True)
+    @cfunc(_partner.ITEMS_SIGNATURE, nogil=True, cache=True)
     def _entries(params, i0, i1):  # pragma: no cover - compiled
         p = carray(_i64p(params), (_N,))
         bt, m, d, t, dv = p[14], p[15], p[16], p[17], p[18]

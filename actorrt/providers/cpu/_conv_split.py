@@ -86,25 +86,14 @@ MIN_POOL_WORK = 1 << 17
 HAVE_SPLIT = bool(_partner.AVAILABLE and _cd.HAVE_KERNEL)
 
 if HAVE_SPLIT:
-    from numba import carray, cfunc, types as nbt
-    from numba.extending import intrinsic
+    from numba import carray, cfunc
 
     from . import _conv_numba as _cn
     from . import _conv_vec as _cv
     from . import _pool_direct as _pd
 
-    def _ptr_intrinsic(ty):
-        def typer(typingctx, addr):
-            sig = nbt.CPointer(ty)(nbt.int64)
-
-            def codegen(context, builder, sig, args):
-                return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-            return sig, codegen
-        typer.__name__ = f"_ptr_{ty}"
-        return intrinsic(typer)
-
-    _f32p, _i64p = _ptr_intrinsic(nbt.float32), _ptr_intrinsic(nbt.int64)
-    _SIG = nbt.void(nbt.int64, nbt.int64, nbt.int64)
+    _f32p, _i64p = _partner.f32_ptr, _partner.i64_ptr
+    _SIG = _partner.ITEMS_SIGNATURE
 
     # direct conv block: xs, offs, wp, y, bias, z (address, size each), has_z,
     # floats (lo, hi, alpha), then the plan's 15 ints

@@ -35,6 +35,7 @@ Jobs (one kind a post, its items cut into ``chunks`` ranges):
   (:mod:`._softmax_numba`);
 * :func:`run_items`: the public hook for any other compiled kernel: a
   ``numba.cfunc`` of C signature ``void(int64 params, int64 i0, int64 i1)``
+  (:data:`ITEMS_SIGNATURE`; :data:`f32_ptr` / :data:`i64_ptr` read its operands)
   that runs items ``i0 .. i1 - 1`` of its work, reading its operands from the
   address ``params`` (e.g. an int64 array of array addresses and sizes it
   holds); called through its address from every thread of the team.
@@ -59,8 +60,9 @@ from . import _layernorm_numba as _ln
 from . import _sgemm_numba as _sg
 from . import _softmax_numba as _sm
 
-__all__ = ["AVAILABLE", "IDLE_CYCLES", "bmm_entries", "call_items", "gemm_panels",
-           "layer_norm_rows", "run_items", "softmax_rows", "team"]
+__all__ = ["AVAILABLE", "IDLE_CYCLES", "ITEMS_SIGNATURE", "bmm_entries", "call_items",
+           "f32_ptr", "gemm_panels", "i64_ptr", "layer_norm_rows", "run_items", "softmax_rows",
+           "team"]
 
 #: cycle-counter ticks (TSC, 2.6 GHz here: ~77 us) a partner spins without a
 #: job before it parks (3,000,000 measured the same on/off ratios under load 4)
@@ -95,6 +97,23 @@ if AVAILABLE:
         def codegen(context, builder, sig, args):
             return builder.inttoptr(args[0], ir.FloatType().as_pointer())
         return types.CPointer(types.float32)(types.int64), codegen
+
+    def _ptr_intrinsic(ty):
+        def typer(typingctx, addr):
+            sig = types.CPointer(ty)(types.int64)
+
+            def codegen(context, builder, sig, args):
+                return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+            return sig, codegen
+        typer.__name__ = f"ptr_{ty}"
+        return intrinsic(typer)
+
+    #: the ``float32`` / ``int64`` pointer at an integer address: how a
+    #: :func:`run_items` kernel reads the operands its ``params`` block holds
+    #: (``carray(f32_ptr(p[0]), (p[1],))``)
+    f32_ptr, i64_ptr = _ptr_intrinsic(types.float32), _ptr_intrinsic(types.int64)
+    #: the C signature of a :func:`run_items` kernel: ``void(params, i0, i1)``
+    ITEMS_SIGNATURE = types.void(types.int64, types.int64, types.int64)
 
     @njit(nogil=True, cache=True, inline="always")
     def _pause_or_yield(spins):  # pragma: no cover - compiled

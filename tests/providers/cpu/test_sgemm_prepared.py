@@ -14,6 +14,7 @@ from onnx import TensorProto as TP, helper, numpy_helper
 import actorrt
 from actorrt.providers.cpu import _matmul_split, _partner, _threads
 from actorrt.providers.cpu import _sgemm_numba as sg
+from tests.providers.cpu.test_sgemm_compiled import _ref
 
 pytestmark = pytest.mark.skipif(not sg.HAVE_SGEMM,
                                 reason="the compiled sgemm needs numba on AVX-512")
@@ -21,16 +22,7 @@ pytestmark = pytest.mark.skipif(not sg.HAVE_SGEMM,
 RNG = np.random.default_rng(17)
 
 
-def _want(a, b, bias, act):
-    y = a.astype(np.float64) @ b.astype(np.float64)
-    if bias is not None:
-        y = y + bias
-    if act == "Relu":
-        y = np.maximum(y, 0)
-    elif act == "Gelu":
-        from math import erf
-        y = 0.5 * y * (1 + np.vectorize(erf)(y / np.sqrt(2)))
-    return y
+_want = _ref  # act(a @ b + bias) in float64
 
 
 @pytest.mark.parametrize("a_shape,n", [((1, 1, 256), 768), ((1, 1, 1024), 256), ((1, 5, 33), 70),

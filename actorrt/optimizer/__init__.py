@@ -23,7 +23,8 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
   (:mod:`.transformer`), Add + LayerNormalization ->
   ``com.microsoft:SkipLayerNormalization`` (:mod:`.transformer`),
   MatMul - scale - [Add mask] - Softmax - MatMul ->
-  ``ai.actorrt:ScaledDotAttention`` (:mod:`.transformer`); shape-only node
+  ``ai.actorrt:ScaledDotAttention`` (:mod:`.transformer`), Reshape /
+  Transpose pairs -> ``ai.actorrt:ReshapeTranspose`` (:mod:`.transformer`); shape-only node
   groups (``Shape`` / ``Gather`` / ``Concat`` ... chains) ->
   ``ai.actorrt:ShapeSubgraph``, run once per input signature (:mod:`.shapes`).
 
@@ -65,6 +66,7 @@ PASSES: tuple[tuple[int, Callable[[OptContext], None]], ...] = (
     (2, transformer.fuse_attention),
     (2, transformer.fuse_matmul_epilogue),
     (2, transformer.fuse_skip_layer_norm),
+    (2, transformer.fuse_view_pairs),
     (2, conv.fuse_conv_activation),
     (2, conv.fuse_affine_activation),
     (2, shapes.cache_shape_subgraphs),

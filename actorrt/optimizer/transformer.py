@@ -25,6 +25,13 @@
   -> ``com.microsoft:SkipLayerNormalization`` (its 4th output carries ``a + b``
   when something else reads the sum). Pre: only LayerNormalization's first
   output used; every other reader of the sum runs after the LayerNormalization.
+* :func:`fuse_view_pairs` -- ``Transpose(Reshape(x, shape), perm)`` and
+  ``Reshape(Transpose(x, perm), shape)`` (a transformer's head split and head
+  merge) -> ``ai.actorrt:ReshapeTranspose(x)`` with the shape and perm as
+  attributes. Pre: the middle value read only by the second node; a constant
+  integer shape (Reshape opset >= 5) without two ``-1`` or entries under
+  ``-1``; a known perm. Runs after :func:`fuse_attention` (which takes the
+  keys' Transpose first). Post: the same tensor, one node instead of two.
 
 Layout passes (basic level; they run first):
 
@@ -55,7 +62,8 @@ from ._graph import OptContext
 from .conv import ENGINE_DOMAIN, MS, activation_of
 
 __all__ = ["fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm",
-           "cancel_transposes", "collapse_reshapes", "fold_transpose_into_gemm"]
+           "fuse_view_pairs", "cancel_transposes", "collapse_reshapes",
+           "fold_transpose_into_gemm"]
 
 
 def _scalar(ctx: OptContext, name: str) -> float | None:
@@ -379,6 +387,48 @@ def collapse_reshapes(ctx: OptContext) -> None:
         new = ctx.make(r2, "Reshape", "", [r1.inputs[0], r2.inputs[1]], [r2.outputs[0]],
                        dict(r2.attrs), name=r2.name + "/collapsed")
         ctx.replace([r1, r2], new)
+
+
+def _const_shape(ctx: OptContext, r: NodeSpec) -> np.ndarray | None:
+    """A Reshape's constant shape input (opset >= 5) when the fused kernel can
+    take it as an attribute: 1-D integers, at most one ``-1``, none below."""
+    if r.domain != "" or r.op_type != "Reshape" or len(r.inputs) != 2 or r.opset < 5 or \
+            len(r.outputs) != 1 or not r.inputs[0]:
+        return None
+    sh = ctx.const(r.inputs[1])
+    if sh is None or sh.dtype.kind != "i" or sh.ndim != 1 or np.any(sh < -1) or \
+            np.count_nonzero(sh == -1) > 1:
+        return None
+    return sh
+
+
+def fuse_view_pairs(ctx: OptContext) -> None:
+    """Reshape -> Transpose and Transpose -> Reshape pairs -> one
+    ``ai.actorrt:ReshapeTranspose`` (module docstring)."""
+    for second in list(ctx.specs):
+        if second not in ctx.specs:
+            continue
+        if _unary(second, "Transpose"):
+            first = ctx.producer.get(second.inputs[0])
+            shape_node, t, transpose_first = first, second, 0
+        elif second.domain == "" and second.op_type == "Reshape" and second.inputs:
+            first = ctx.producer.get(second.inputs[0])
+            shape_node, t, transpose_first = second, first, 1
+        else:
+            continue
+        if first is None or not _unary(t, "Transpose") or \
+                ctx.sole_reader(first.outputs[0]) is not second:
+            continue
+        sh = _const_shape(ctx, shape_node)
+        perm = _perm(ctx, t)
+        if sh is None or perm is None:
+            continue
+        at = {"shape": [int(v) for v in sh], "perm": perm,
+              "allowzero": int(shape_node.attr("allowzero", 0)),
+              "transpose_first": transpose_first}
+        new = ctx.make(second, "ReshapeTranspose", ENGINE_DOMAIN, [first.inputs[0]],
+                       [second.outputs[0]], at, name=second.name + "/view", opset=1)
+        ctx.replace([first, second], new)
 
 
 def _swap_transpose(ctx: OptContext, name: str) -> NodeSpec | None:

@@ -82,6 +82,9 @@ _ROW_BLOCK_BYTES = 1 << 18
 BMM_MIN_ROWS = 24
 #: switch for comparisons (False: every caller takes its BLAS path)
 ENABLED = True
+#: column-panel ranges a thread of the partner split (help-first: a partner
+#: that starts late finds ranges left)
+PANEL_CHUNKS_PER_THREAD = 2
 #: constant operands keep a prepared call per shape (:class:`GemmCall`; False:
 #: every call through :func:`run`, for A/B runs)
 PREPARED_CALLS = True
@@ -467,7 +470,7 @@ def run(a: np.ndarray, packed: PackedB, bias: np.ndarray | None, code: int,
             team = _partner.team(threads)
             if team is not None:
                 _partner.gemm_panels(team, a2, packed.panels, brow, out2, code, packed.row_block,
-                                     min(npan, 2 * threads))
+                                     min(npan, PANEL_CHUNKS_PER_THREAD * threads))
                 return out
         if flops >= PARALLEL_MIN_FLOPS:
             from . import _parallel
@@ -510,17 +513,18 @@ class GemmCall:
         npan = packed.panels.shape[0]
         # run's rule: the partners from PARTNER_MIN_FLOPS (0: one thread here)
         split = threads > 1 and npan > 1 and USE_PARTNERS and 2 * m * n * k >= PARTNER_MIN_FLOPS
-        self.team_chunks = min(npan, 2 * threads) if split else 0
+        self.team_chunks = min(npan, PANEL_CHUNKS_PER_THREAD * threads) if split else 0
         self.slack = m * n * 4 >= _ct.SLACK_MIN_BYTES
         # the split switches this call was made under (tests and A/B runs flip them)
-        self.switches = (USE_PARTNERS, PARTNER_MIN_FLOPS)
+        self.switches = (USE_PARTNERS, PARTNER_MIN_FLOPS, PANEL_CHUNKS_PER_THREAD)
 
     def fits(self, a, bias, act, threads) -> bool:
         """Whether this call takes these operands (else :func:`run`)."""
         return (a.shape == self.shape and bias is self.bias and act == self.act
                 and threads == self.threads and a.dtype is _F32 and a.flags.c_contiguous
                 and ENABLED and PREPARED_CALLS and self.switches[0] is USE_PARTNERS
-                and self.switches[1] == PARTNER_MIN_FLOPS)
+                and self.switches[1] == PARTNER_MIN_FLOPS
+                and self.switches[2] == PANEL_CHUNKS_PER_THREAD)
 
     def run(self, a: np.ndarray) -> np.ndarray:
         """``act(a @ B + bias)``, a fresh array ``a.shape[:-1] + (N,)``."""

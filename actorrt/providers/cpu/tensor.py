@@ -157,6 +157,76 @@ def Reshape(data, shape=None, *, allowzero=0, node=None):
     return np.reshape(data, _reshape_target(data.shape, shape, allowzero))
 
 
+@cpu_kernel("ReshapeTranspose", domain="ai.actorrt")
+class ReshapeTranspose(Kernel):
+    """``Transpose(Reshape(data, shape), perm)`` (or, with ``transpose_first``
+    1, ``Reshape(Transpose(data, perm), shape)``) as one node: the graph
+    optimizer's fusion of such a pair whose middle value nothing else reads
+    (:func:`actorrt.optimizer.transformer.fuse_view_pairs`; a transformer's
+    head split and merge). Attributes: ``shape`` (ints, ONNX Reshape's: ``0``
+    copies the dim unless ``allowzero``, one ``-1`` inferred), ``allowzero``,
+    ``perm`` (ints), ``transpose_first``. Any dtype; a view of ``data`` where
+    numpy's reshape can make one (as the two ops give). Raises ValueError
+    as Reshape / Transpose do."""
+
+    view_outputs = True
+
+    @classmethod
+    def estimate_flops(cls, node: NodeSpec) -> float:
+        return 0.0
+
+    def __init__(self, node: NodeSpec):
+        super().__init__(node)
+        self._shape = np.asarray(node.attr("shape", []), np.int64)
+        self._allowzero = int(node.attr("allowzero", 0))
+        self._perm = tuple(int(v) for v in node.attr("perm", []))
+        self._first = bool(node.attr("transpose_first", 0))
+        # input shape -> reshape target (a plan sees a few shapes)
+        self._targets: dict = {}
+
+    def _reshape(self, x: np.ndarray) -> np.ndarray:
+        target = self._targets.get(x.shape)
+        return x.reshape(self._reshape_target(x.shape) if target is None else target)
+
+    def run(self, data):
+        if self._first:
+            return self._reshape(Transpose(data, perm=self._perm))
+        return Transpose(self._reshape(data), perm=self._perm)
+
+    def compile(self):
+        """One closure doing both views (no method or checking calls between
+        them) when ``perm`` is a permutation (else :meth:`run`, whose
+        Transpose names the bad perm); numpy still raises for a perm of
+        another rank."""
+        perm = self._perm
+        if sorted(perm) != list(range(len(perm))):
+            return self.run
+        targets, reshape_target = self._targets, self._reshape_target
+
+        if self._first:
+            def transpose_reshape(data):
+                t = data.transpose(perm)
+                target = targets.get(t.shape)
+                if target is None:
+                    target = reshape_target(t.shape)
+                return t.reshape(target)
+            return transpose_reshape
+
+        def reshape_transpose(data):
+            target = targets.get(data.shape)
+            if target is None:
+                target = reshape_target(data.shape)
+            return data.reshape(target).transpose(perm)
+        return reshape_transpose
+
+    def _reshape_target(self, shape) -> tuple[int, ...]:
+        target = _reshape_target(shape, self._shape, self._allowzero)
+        if len(self._targets) >= 64:
+            self._targets.clear()
+        self._targets[shape] = target
+        return target
+
+
 @cpu_kernel("Flatten", since=(1, 9, 11, 13, 21, 23, 24, 25), view_outputs=True, **_NO_FLOPS)
 def Flatten(input, *, axis=1):
     """ONNX Flatten (opsets 1-25): 2-D ``(prod(shape[:axis]), prod(shape[axis:]))``,

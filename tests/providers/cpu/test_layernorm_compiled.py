@@ -115,3 +115,29 @@ def test_row_blocks_on_two_threads_equal_one_thread_and_numpy(rows, d, skip, bia
     for a, b in zip(one, two):
         if a is not None:
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 96])
+@pytest.mark.parametrize("skip", [False, True])
+@pytest.mark.parametrize("beta", [False, True])
+@pytest.mark.skipif(not ln.HAVE_NUMBA, reason="numba not installed")
+def test_non_finite_rows_propagate_as_numpy(rows, skip, beta):
+    # the compiled row passes reassociate their sums (vectorized) but keep NaN / inf
+    # semantics: a row holding a NaN or an inf normalizes to NaN, the other rows are
+    # untouched
+    d = 37
+    x = _f((rows, d))
+    x[0, 3] = np.nan
+    if rows > 1:
+        x[-1, 0] = np.inf
+    g, b = _f((d,), 1.0), _f((d,), 1.0)
+    s = _f((rows, d)) if skip else None
+    r = ln.layer_norm(x, g, b if beta else None, 1e-5, -1, s, None, keep_sum=True)
+    t = x.astype(np.float64) + (0 if s is None else s)
+    with np.errstate(invalid="ignore"):
+        mean = t.mean(-1, keepdims=True)
+        want = (t - mean) / np.sqrt(((t - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * g
+    if beta:
+        want = want + b
+    assert np.isnan(r[0][0]).all() and (rows == 1 or np.isnan(r[0][-1]).all())
+    np.testing.assert_allclose(r[0][1:-1], want[1:-1], rtol=1e-5, atol=1e-5)

@@ -50,7 +50,9 @@ _NONE2 = _NONE.reshape(1, 1)
 # reassociation lets the row sums vectorize (one float64 add chain a row was
 # latency-bound: a (64, 256) SkipLayerNormalization 30 vs ~5 µs); no 'nnan' /
 # 'ninf', so NaN and inf propagate as before. The order is fixed by the
-# compiled loop: a row's bits do not depend on the thread that runs it.
+# compiled loop: a row's bits do not depend on the thread that runs it. The
+# flags must be on the outer functions: numba inlines inline="always" helpers
+# with their caller's flags.
 _FLAGS = {"nsz", "arcp", "contract", "reassoc"}
 #: epsilon -> its float32 value as a Python float (a few distinct values a process)
 _EPS: dict = {}

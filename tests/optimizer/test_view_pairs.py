@@ -32,7 +32,8 @@ def _i64(name, vals):
 
 
 def _run(model, feeds, level="ORT_ENABLE_ALL"):
-    with actorrt.InferenceSession(model, actorrt.SessionOptions(graph_optimization_level=level)) as s:
+    opts = actorrt.SessionOptions(graph_optimization_level=level)
+    with actorrt.InferenceSession(model, opts) as s:
         got = s.run(None, feeds)
         got2 = s.run(None, feeds)  # the kept reshape targets give the same views
         for a, b in zip(got, got2):

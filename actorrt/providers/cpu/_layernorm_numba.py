@@ -2,9 +2,10 @@
 one kernel call per node, each row read twice (sum, then centred sum of
 squares from the row in cache) and written once, statistics accumulated in
 float64 by vectorized reductions (a fixed order: a row's bits do not depend
-on the thread that runs it). numpy needs ~8 passes and as many temporaries for the same (the
-decode step's ``(1, 1, 256)`` SkipLayerNormalization cost ~50 µs of Python
-and allocation, the compiled call a few).
+on the thread that runs it). numpy needs ~8 passes and as many temporaries
+for the same (the decode step's ``(1, 1, 256)`` SkipLayerNormalization cost
+~50 µs of Python and allocation, the compiled call a few); a node keeps a
+prepared call per input shape (:class:`RowsCall`).
 
 Loaded lazily (``lazy_module``) by :mod:`.normalization` and :mod:`.contrib`;
 without numba :data:`HAVE_NUMBA` is False and their numpy paths run (both are

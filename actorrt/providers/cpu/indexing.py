@@ -41,7 +41,9 @@ def Gather(data, indices, *, axis=0):
         try:
             return np.asarray(np.take(data, indices, axis=ax))
         except IndexError:
-            pass  # norm_indices names the index and the valid range
+            # raises the IndexError naming the bad index and the valid range
+            norm_indices(indices, data.shape[ax], what="Gather indices")
+            raise
     idx = norm_indices(indices, data.shape[ax], what="Gather indices")
     return np.asarray(np.take(data, idx, axis=ax))
 

@@ -13,8 +13,8 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
   standard ops: Transpose pairs, Reshape chains, 2-D Transposes into Gemm's
   transA / transB (:mod:`.transformer`); Conv + BatchNormalization /
   per-channel Mul / Add (:mod:`.conv`).
-* ``2`` ``ORT_ENABLE_EXTENDED`` / ``"extended"`` and ``99`` ``ORT_ENABLE_ALL``
-  / ``"all"`` (the default): also fusions into contrib / engine ops:
+* ``2`` ``ORT_ENABLE_EXTENDED`` / ``"extended"``: also fusions into contrib /
+  engine ops:
   Conv [+ Add] + activation -> ``com.microsoft:FusedConv`` (:mod:`.conv`),
   BatchNormalization [+ per-channel Mul / Add] [+ activation] ->
   ``ai.actorrt:ChannelAffine``
@@ -27,6 +27,10 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
   Transpose pairs -> ``ai.actorrt:ReshapeTranspose`` (:mod:`.transformer`); shape-only node
   groups (``Shape`` / ``Gather`` / ``Concat`` ... chains) ->
   ``ai.actorrt:ShapeSubgraph``, run once per input signature (:mod:`.shapes`).
+* ``99`` ``ORT_ENABLE_ALL`` / ``"all"`` (the default): also the layout pass:
+  chains of convolutions and pools on 16-channel blocks (NCHWc) between
+  ``ai.actorrt:ReorderInput`` / ``ReorderOutput`` (:mod:`.layout`; AVX-512
+  hosts).
 
 Map:
 
@@ -37,6 +41,7 @@ Map:
 * :mod:`.transformer` -- GELU, MatMul epilogue, skip-LayerNorm, attention;
   Transpose / Reshape cancellation.
 * :mod:`.shapes` -- shape subgraphs cached per input signature.
+* :mod:`.layout` -- the NCHWc layout pass.
 
 Entry point: :func:`optimize`, called by the plan compiler
 (:mod:`actorrt._plan`) with the folded node list.
@@ -47,7 +52,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ._graph import OptContext
-from . import conv, shapes, transformer
+from . import conv, layout, shapes, transformer
 
 __all__ = ["optimize", "parse_level", "LEVELS", "OptContext"]
 
@@ -70,6 +75,7 @@ PASSES: tuple[tuple[int, Callable[[OptContext], None]], ...] = (
     (2, conv.fuse_conv_activation),
     (2, conv.fuse_affine_activation),
     (2, shapes.cache_shape_subgraphs),
+    (3, layout.nchwc_layout),
 )
 
 

@@ -103,13 +103,20 @@ if HAVE_KERNEL:
     _V = ir.VectorType
     _as_i64, _splat, _vptr = _ct.as_i64, _ct.splat, _ct.vec_ptr
 
-    def _tile_codegen(npix_max: int, nb: int):
+    def _tile_codegen(npix_max: int, nb: int, epilogue: bool = False):
         """``P = npix_max`` pixels x ``B = nb`` output blocks, reduction
         indices ``k0 <= k < k1``: ``acc[p, b] = sum_k xs[pix[p0 + p] +
         toffs[k]] * wt[w_off + (k * B + b) * 16 : +16]``, starting from 0
         (``k0 == 0``) or from the sums stored so far, stored raw to ``os[o_off
         + b * ohw16 + (p0 + p) * 16 : +16]`` for ``p < npix`` (pixels past
-        ``npix`` compute pixel ``p0``'s sums, stored nowhere)."""
+        ``npix`` compute pixel ``p0``'s sums, stored nowhere).
+
+        ``epilogue`` (:mod:`._nchwc`'s blocked outputs): seven more
+        arguments ``bias, b_off, z, has_z, alpha, lo, hi, nvalid, last``;
+        where ``last`` is nonzero the stored vectors are ``v = acc +
+        bias[b_off + b * 16 : +16] (+ z at the store's offset)``, then
+        ``where(v < 0, alpha * v, v)`` clamped to ``[lo, hi]``, lanes
+        ``b * 16 + l >= nvalid`` set to 0."""
         def codegen(context, builder, sig, args):
             xa, pa, ta, wa, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
                                   for i in (0, 1, 4, 6, 8))
@@ -145,6 +152,8 @@ if HAVE_KERNEL:
                                             builder.fmul(wv[b], xv, flags=fast), flags=fast))
             finals = _ct.close_loop(builder, kk, entry, loop, done, k, accs, new, None,
                                     inits=inits)
+            if epilogue:
+                finals = _tile_epilogue(context, builder, sig, args, finals, outs, npix_max, nb)
             for p in range(npix_max):
                 with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
                     for b in range(nb):
@@ -152,6 +161,47 @@ if HAVE_KERNEL:
                                       align=4)
             return context.get_dummy_value()
         return codegen
+
+    def _tile_epilogue(context, builder, sig, args, finals, outs, npix_max, nb):
+        """:func:`_tile_codegen`'s ``epilogue`` on the final sums (a branch on
+        ``last``: earlier reduction blocks store the raw sums)."""
+        ba, za = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                  for i in (12, 14))
+        b_off, has_z, nvalid, last = (_as_i64(builder, args[i]) for i in (13, 15, 19, 20))
+        alpha, lo, hi = args[16], args[17], args[18]
+        vf = _V(_f32, LANES)
+        fast = ("fast",)
+        zero = ir.Constant(vf, [0.0] * LANES)
+        before = builder.block
+        with builder.if_then(builder.icmp_signed("!=", last, _i64(0)), likely=True):
+            alv, lov, hiv = (_splat(builder, s, LANES) for s in (alpha, lo, hi))
+            iota = ir.Constant(_V(_i64, LANES), list(range(LANES)))
+            zflag = builder.icmp_signed("!=", has_z, _i64(0))
+            bvs, keep = [], []
+            for b in range(nb):
+                bvs.append(builder.load(_vptr(builder, ba, builder.add(b_off, _i64(LANES * b)),
+                                              LANES), align=4))
+                keep.append(builder.icmp_signed("<", iota, _splat(
+                    builder, builder.sub(nvalid, _i64(LANES * b)), LANES)))
+            done_vals = []
+            for p in range(npix_max):
+                for b in range(nb):
+                    v = builder.fadd(finals[p * nb + b], bvs[b], flags=fast)
+                    zv = builder.load(_vptr(builder, za, outs[p][b], LANES), align=4)
+                    v = builder.select(zflag, builder.fadd(v, zv, flags=fast), v)
+                    v = builder.select(builder.fcmp_ordered("<", v, zero),
+                                       builder.fmul(v, alv, flags=fast), v)
+                    v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+                    v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+                    done_vals.append(builder.select(keep[b], v, zero))
+            then = builder.block
+        out = []
+        for raw, val in zip(finals, done_vals):
+            phi = builder.phi(raw.type)
+            phi.add_incoming(raw, before)
+            phi.add_incoming(val, then)
+            out.append(phi)
+        return out
 
     def _tile_intrinsic(nb: int):
         def typer(typingctx, xs, pix, p0, npix, toffs, k0, wt, w_off, os_, o_off, ohw16, k1):
@@ -163,6 +213,21 @@ if HAVE_KERNEL:
         return intrinsic(typer)
 
     _tile1, _tile2, _tile3, _tile4 = (_tile_intrinsic(b) for b in (1, 2, 3, 4))
+
+    def _tile_epilogue_intrinsic(nb: int):
+        def typer(typingctx, xs, pix, p0, npix, toffs, k0, wt, w_off, os_, o_off, ohw16, k1,
+                  bias, b_off, z, has_z, alpha, lo, hi, nvalid, last):
+            if any(getattr(a, "dtype", None) != types.float32 for a in (xs, wt, os_, bias, z)) \
+                    or any(f != types.float32 for f in (alpha, lo, hi)):
+                return None
+            return (types.void(xs, pix, p0, npix, toffs, k0, wt, w_off, os_, o_off, ohw16, k1,
+                               bias, b_off, z, has_z, alpha, lo, hi, nvalid, last),
+                    _tile_codegen(TILE_PIXELS[nb], nb, epilogue=True))
+        typer.__name__ = f"_cb_tile_epilogue_{nb}"
+        return intrinsic(typer)
+
+    #: the tiles with the epilogue on their last reduction block (:mod:`._nchwc`)
+    tile_ep1, tile_ep2, tile_ep3, tile_ep4 = (_tile_epilogue_intrinsic(b) for b in (1, 2, 3, 4))
 
     def _out_codegen(context, builder, sig, args):
         """Pixels ``p0 .. p0 + count - 1`` of one output block: the raw sums
@@ -430,6 +495,10 @@ def _geometry(c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, planes=False):
     for a in (toffs, pix, dst, geo):
         a.flags.writeable = False
     return toffs, pix, dst, geo
+
+
+#: public names of the geometry tables and the per-thread pixel chunk (:mod:`._nchwc`)
+geometry, chunk_pixels = _geometry, _chunk
 
 
 class Prepared:

@@ -393,7 +393,9 @@ if HAVE_KERNEL:
     #: the IR pieces and the plane transposes shared with :mod:`._conv_blocked`
     transpose16, permute, tail_shift, lanes_below, mload_store_fns = (
         _transpose16, _permute, _tail_shift, _lanes_below, _mload_store_fns)
-    planes_in = _planes_in
+    planes_in, planes_out = _planes_in, _planes_out
+    #: the per-row pixel steps (:mod:`._nchwc`'s blocked inputs and outputs)
+    pixels, max_pixels, avg_pixels = _pixels, _max_pixels, _avg_pixels
 
 
 def applies(x_shape, w_shape, group: int, out_shape) -> bool:
@@ -477,6 +479,10 @@ def _tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
     t = np.array([(i * dh * wp + j * dw) * LANES for i in range(kh) for j in range(kw)], np.int64)
     t.flags.writeable = False
     return t
+
+
+#: public name of the tap table (:mod:`._nchwc`)
+tap_offsets = _tap_offsets
 
 
 def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_shape, z,

@@ -1,0 +1,479 @@
+"""Compiled kernels of the NCHWc layout ops (:mod:`.nchwc`): channel-blocked
+tensors kept between nodes.
+
+A blocked tensor of logical shape ``(N, C, H, W)`` is float32 ``(N,
+ceil(C/16), H, W, 16)``: channel ``c`` at ``[:, c // 16, :, :, c % 16]``,
+the lanes past ``C`` zero (onnxruntime's NCHWc with 16-channel blocks, the
+AVX-512 arrangement). :mod:`._conv_blocked` and :mod:`._dw_blocked` form
+that arrangement from NCHW input for every call and transpose their results
+back; inside a chain of such nodes this module's variants read and write
+the blocks directly, so only the chain's ends are transposed.
+
+* :func:`to_blocks` / :func:`from_blocks` -- NCHW <-> blocked (the 16 x 16
+  in-register transposes of :mod:`._dw_blocked`).
+* :class:`ConvCall` -- a one-group convolution, blocked (or, for a stem of
+  few channels, NCHW planes) in, blocked out: the input blocks copied into
+  a zero-padded scratch where the convolution pads (read in place where it
+  does not), the tiles of :mod:`._conv_blocked` storing into the output's
+  blocks, bias, residual and activation applied in place on each item's
+  pixels while they are in cache.
+* :class:`DepthwiseCall` -- a depthwise conv, MaxPool or AveragePool,
+  blocked in and out (:mod:`._dw_blocked`'s pixel steps).
+
+Every call runs its items on the compiled partners of :mod:`._partner` at
+more than one thread (one post a phase), else on the caller; an item's
+result does not depend on the thread that runs it.
+"""
+
+from __future__ import annotations
+
+from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every kernel file)
+
+import numpy as np
+
+from . import _conv_blocked as _cb
+from . import _dw_blocked as _dwb
+from . import _partner
+
+__all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", "ConvCall",
+           "DepthwiseCall"]
+
+LANES = 16
+#: numba, AVX-512 and the compiled partner hook
+HAVE_KERNEL = bool(_cb.HAVE_KERNEL and _dwb.HAVE_KERNEL and _partner.AVAILABLE)
+
+
+def blocked_shape(n: int, c: int, h: int, w: int) -> tuple[int, int, int, int, int]:
+    """The blocked array shape of a logical ``(n, c, h, w)`` tensor."""
+    return (n, -(-c // LANES), h, w, LANES)
+
+
+if HAVE_KERNEL:
+    from numba import carray, cfunc, njit
+
+    _f32p, _i64p = _partner.f32_ptr, _partner.i64_ptr
+    _SIG = _partner.ITEMS_SIGNATURE
+    _tile1, _tile2, _tile3, _tile4 = _cb.tile_ep1, _cb.tile_ep2, _cb.tile_ep3, _cb.tile_ep4
+    _P1, _P2, _P3, _P4 = (_cb.TILE_PIXELS[b] for b in (1, 2, 3, 4))
+    _PIX = _dwb.PIXELS
+    _KB = _cb.K_BLOCK_BYTES
+
+    # ------------------------------------------------------------ reorders
+    # params: x, y (address, size each), c, hw, dst (address, size)
+    _RE_N = 8
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _to_items(params, i0, i1):  # pragma: no cover - compiled
+        """Items ``t = n * CB + b``: block ``b`` of image ``n`` of NCHW ``x``
+        transposed into ``y``'s block ``t`` (lanes past ``c`` zero)."""
+        p = carray(_i64p(params), (_RE_N,))
+        x = carray(_f32p(p[0]), (p[1],))
+        y = carray(_f32p(p[2]), (p[3],))
+        dst = carray(_i64p(p[6]), (p[7],))
+        c, hw = p[4], p[5]
+        cbn = (c + LANES - 1) // LANES
+        for t in range(i0, i1):
+            n, b = t // cbn, t % cbn
+            sub = y[t * hw * LANES:(t + 1) * hw * LANES]
+            for p0 in range(0, hw, LANES):
+                _dwb.planes_in(x, (n * c + b * LANES) * hw, hw, min(LANES, c - b * LANES), p0,
+                               sub, dst, min(LANES, hw - p0))
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _from_items(params, i0, i1):  # pragma: no cover - compiled
+        """Items ``t = n * CB + b``: blocked ``x``'s block ``t`` transposed into
+        the ``c``-channel NCHW ``y`` (lanes past ``c`` dropped)."""
+        p = carray(_i64p(params), (_RE_N,))
+        x = carray(_f32p(p[0]), (p[1],))
+        y = carray(_f32p(p[2]), (p[3],))
+        c, hw = p[4], p[5]
+        cbn = (c + LANES - 1) // LANES
+        for t in range(i0, i1):
+            n, b = t // cbn, t % cbn
+            sub = x[t * hw * LANES:(t + 1) * hw * LANES]
+            for p0 in range(0, hw, LANES):
+                _dwb.planes_out(sub, p0, y, (n * c + b * LANES) * hw, hw,
+                                min(LANES, c - b * LANES), min(LANES, hw - p0))
+
+    _TO, _FROM = _to_items.address, _from_items.address
+
+    # -------------------------------------------------------- convolution
+    # params: x, xs, wt (address, size each), groups (address, rows), toffs,
+    # pix, bias, z (address, size each), has_z, y (address, size), ep
+    # (address of 3 float32: alpha, lo, hi), ocb, m, ohw, chunk, nchunks,
+    # xs floats an image, h, w, pt, pl, hp, wp, input items an image,
+    # planes, dst (address, size), geo (address), c
+    _CONV_N = 38
+
+    @njit(nogil=True, cache=True)
+    def _pad_range(x, xs, h, w, pt, pl, hp, wp, start, stop):  # pragma: no cover - compiled
+        """Blocks ``[start, stop)`` (over every image's) of blocked ``x``
+        into the zero-padded ``(HP, WP, 16)`` blocks of ``xs``."""
+        row = w * LANES
+        blk = hp * wp * LANES
+        for t in range(start, stop):
+            src = x[t * h * row:(t + 1) * h * row]
+            sub = xs[t * blk:(t + 1) * blk]
+            sub[:pt * wp * LANES] = 0.0
+            for iy in range(h):
+                r = (iy + pt) * wp * LANES
+                sub[r:r + pl * LANES] = 0.0
+                sub[r + pl * LANES:r + pl * LANES + row] = src[iy * row:(iy + 1) * row]
+                sub[r + pl * LANES + row:r + wp * LANES] = 0.0
+            sub[(pt + h) * wp * LANES:] = 0.0
+
+    @njit(nogil=True, cache=True)
+    def _tiles_range(xs, wt, groups, toffs, pix, bias, z, has_z, y, ep, ocb, m, ohw, chunk,
+                     nchunks, xs_img, start, stop):  # pragma: no cover - compiled
+        """Items ``[start, stop)``, item ``(n * nchunks + q) * G + g``: output
+        group ``g`` (``groups`` row: first block, blocks, weight offset) on
+        pixels ``[q * chunk, (q + 1) * chunk)`` of image ``n``: the tiles
+        into ``y``'s blocks, the epilogue (bias, ``z``, activation, lanes past
+        ``m`` zero) on the last reduction block's stores."""
+        kk = toffs.size
+        ohw16 = ohw * LANES
+        ng = groups.shape[0]
+        alpha, lo, hi = ep[0], ep[1], ep[2]
+        for it in range(start, stop):
+            g = it % ng
+            r = it // ng
+            q0 = (r % nchunks) * chunk
+            n = r // nchunks
+            q1 = min(ohw, q0 + chunk)
+            b0 = groups[g, 0]
+            nb = groups[g, 1]
+            wo = groups[g, 2]
+            xsn = xs[n * xs_img:(n + 1) * xs_img]
+            oo = (n * ocb + b0) * ohw16
+            kb = max(LANES, _KB // (nb * LANES * 4) // LANES * LANES)
+            bo = b0 * LANES
+            nv = m - bo
+            for k0 in range(0, kk, kb):
+                k1 = min(kk, k0 + kb)
+                last = 1 if k1 == kk else 0
+                if nb == 4:
+                    for p0 in range(q0, q1, _P4):
+                        _tile4(xsn, pix, p0, min(_P4, q1 - p0), toffs, k0, wt, wo, y, oo, ohw16,
+                               k1, bias, bo, z, has_z, alpha, lo, hi, nv, last)
+                elif nb == 3:
+                    for p0 in range(q0, q1, _P3):
+                        _tile3(xsn, pix, p0, min(_P3, q1 - p0), toffs, k0, wt, wo, y, oo, ohw16,
+                               k1, bias, bo, z, has_z, alpha, lo, hi, nv, last)
+                elif nb == 2:
+                    for p0 in range(q0, q1, _P2):
+                        _tile2(xsn, pix, p0, min(_P2, q1 - p0), toffs, k0, wt, wo, y, oo, ohw16,
+                               k1, bias, bo, z, has_z, alpha, lo, hi, nv, last)
+                else:
+                    for p0 in range(q0, q1, _P1):
+                        _tile1(xsn, pix, p0, min(_P1, q1 - p0), toffs, k0, wt, wo, y, oo, ohw16,
+                               k1, bias, bo, z, has_z, alpha, lo, hi, nv, last)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_in_items(params, i0, i1):  # pragma: no cover - compiled
+        """The input phase's items: padded block copies (blocked input) or
+        channel planes (NCHW input: :func:`._conv_blocked.in_range`)."""
+        p = carray(_i64p(params), (_CONV_N,))
+        x = carray(_f32p(p[0]), (p[1],))
+        xs = carray(_f32p(p[2]), (p[3],))
+        if p[33] == 0:
+            _pad_range(x, xs, p[26], p[27], p[28], p[29], p[30], p[31], i0, i1)
+            return
+        dst = carray(_i64p(p[34]), (p[35],))
+        geo = carray(_i64p(p[36]), (8,))
+        c, img = p[37], p[25]
+        hw = p[26] * p[27]
+        for t in range(i0, i1):
+            n = t // c
+            _cb.in_range(x, xs[n * img:(n + 1) * img], dst, c, hw, geo, n, t % c, t % c + 1)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_tile_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_CONV_N,))
+        xs = carray(_f32p(p[2]), (p[3],))
+        wt = carray(_f32p(p[4]), (p[5],))
+        groups = carray(_i64p(p[6]), (p[7], 3))
+        toffs = carray(_i64p(p[8]), (p[9],))
+        pix = carray(_i64p(p[10]), (p[11],))
+        bias = carray(_f32p(p[12]), (p[13],))
+        z = carray(_f32p(p[14]), (p[15],))
+        y = carray(_f32p(p[17]), (p[18],))
+        ep = carray(_f32p(p[19]), (3,))
+        _tiles_range(xs, wt, groups, toffs, pix, bias, z, p[16], y, ep, p[20], p[21], p[22],
+                     p[23], p[24], p[25], i0, i1)
+
+    _CONV_IN, _CONV_TILES = _conv_in_items.address, _conv_tile_items.address
+
+    # ------------------------------------------------- depthwise and pools
+    # params: x, wt, bias, y, toffs, cnt (address, size each), ep, mode, CB,
+    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m
+    _DW_N = 26
+
+    @njit(nogil=True, cache=True)
+    def _dw_range(x, wt, bias, y, toffs, cnt, ep, mode, cbn, h, w, oh, ow, sh, sw, pt, pl,
+                  hp, wp, m, start, stop):  # pragma: no cover - compiled
+        """Blocks ``[start, stop)`` (over every image's): the block into a
+        padded scratch (pads 0, MaxPool ``-inf``), then every output row in
+        steps of :data:`._dw_blocked.PIXELS` pixels stored to ``y``'s block.
+        ``mode``: 0 the depthwise conv with its epilogue, 1 MaxPool, 2
+        AveragePool (``cnt``: each output pixel's divisor)."""
+        xs = np.full(hp * wp * LANES, -np.inf if mode == 1 else 0.0, np.float32)
+        ohw = oh * ow
+        kk = toffs.size
+        row = w * LANES
+        alpha, lo, hi = ep[0], ep[1], ep[2]
+        for t in range(start, stop):
+            cb = t % cbn
+            src = x[t * h * row:(t + 1) * h * row]
+            for iy in range(h):
+                r = ((iy + pt) * wp + pl) * LANES
+                xs[r:r + row] = src[iy * row:(iy + 1) * row]
+            yo = t * ohw
+            yb = y[yo * LANES:(yo + ohw) * LANES]
+            for oy in range(oh):
+                xrow = oy * sh * wp * LANES
+                for ox in range(0, ow, _PIX):
+                    npix = min(_PIX, ow - ox)
+                    at = oy * ow + ox
+                    if mode == 0:
+                        _dwb.pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk, wt,
+                                    cb * kk * LANES, bias, cb * LANES, yb, 0, 0, LANES, yb, 0,
+                                    alpha, lo, hi, yb, at)
+                    elif mode == 1:
+                        _dwb.max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
+                                        cnt, yb, at)
+                    else:
+                        _dwb.avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
+                                        cnt, yb, at)
+            nvalid = m - cb * LANES
+            if mode == 0 and nvalid < LANES:  # the padded lanes' epilogue of 0
+                for i in range(ohw):
+                    y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _dw_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_DW_N,))
+        x = carray(_f32p(p[0]), (p[1],))
+        wt = carray(_f32p(p[2]), (p[3],))
+        bias = carray(_f32p(p[4]), (p[5],))
+        y = carray(_f32p(p[6]), (p[7],))
+        toffs = carray(_i64p(p[8]), (p[9],))
+        cnt = carray(_f32p(p[10]), (p[11],))
+        ep = carray(_f32p(p[12]), (3,))
+        _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
+                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], i0, i1)
+
+    _DW = _dw_items.address
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _team(threads: int):
+    from . import _conv_split
+    return _conv_split.team_for(threads)
+
+
+def _run(fn: int, params: np.ndarray, items: int, threads: int) -> None:
+    """``fn``'s items over the caller and its partners (one range a thread
+    per :data:`._conv_split.CHUNKS_PER_THREAD`), or on the caller."""
+    team = _team(threads) if threads > 1 and items > 1 else None
+    if team is None:
+        _partner.call_items(fn, params.ctypes.data, 0, items)
+        return
+    from . import _conv_split
+    _partner.run_items(team, fn, params.ctypes.data, items,
+                       max(1, min(items, _conv_split.CHUNKS_PER_THREAD * threads, 4096)),
+                       _conv_split.LINGER_CYCLES)
+
+
+_IDENTITY: dict[int, np.ndarray] = {}
+
+
+def _identity(hw: int) -> np.ndarray:
+    """``arange(hw) * 16``: pixel ``i``'s place in a block (read-only, kept)."""
+    t = _IDENTITY.get(hw)
+    if t is None:
+        if len(_IDENTITY) > 256:
+            _IDENTITY.clear()
+        t = _IDENTITY[hw] = np.arange(hw, dtype=np.int64) * LANES
+        t.flags.writeable = False
+    return t
+
+
+def to_blocks(x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """NCHW float32 ``x (N, C, H, W)`` (``H * W >= 16``) -> blocked ``(N,
+    ceil(C/16), H, W, 16)`` (lanes past ``C`` zero).
+
+    Raises:
+        ValueError: not 4-D, or planes under 16 pixels."""
+    if x.ndim != 4 or x.shape[2] * x.shape[3] < LANES:
+        raise ValueError(f"to_blocks takes (N, C, H, W) with H * W >= {LANES}, got {x.shape}")
+    n, c, h, w = x.shape
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    y = np.empty(blocked_shape(n, c, h, w), np.float32)
+    dst = _identity(h * w)
+    p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, _addr(dst), dst.size],
+                 np.int64)
+    _run(_TO, p, n * y.shape[1], threads)
+    return y
+
+
+def from_blocks(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
+    """Blocked float32 ``x (N, CB, H, W, 16)`` -> NCHW ``(N, c, H, W)`` (``c``
+    at most ``CB * 16``, ``H * W >= 16``).
+
+    Raises:
+        ValueError: not a blocked array of at least ``c`` channels."""
+    if x.ndim != 5 or x.shape[4] != LANES or x.shape[1] != -(-c // LANES) or c < 1 \
+            or x.shape[2] * x.shape[3] < LANES:
+        raise ValueError(f"from_blocks takes (N, ceil({c}/16), H, W, 16) with H * W >= "
+                         f"{LANES}, got {x.shape}")
+    n, cbn, h, w, _ = x.shape
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    y = np.empty((n, c, h, w), np.float32)
+    p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, 0, 0], np.int64)
+    _run(_FROM, p, n * cbn, threads)
+    return y
+
+
+class ConvCall:
+    """One convolution node's shape work for one input shape, done once
+    (packed weights, offset tables, scratch sizes, the parameter block);
+    :meth:`__call__` runs it.
+
+    Args:
+        x_shape: the input array's shape: blocked ``(N, CB, H, W, 16)``, or
+            with ``planes`` NCHW ``(N, C, H, W)``.
+        c: the input's channels (``C``).
+        wt, groups: :func:`._conv_blocked.pack`'s (``planes`` as here).
+        m: output channels.
+        kernel, strides, dilations, pads_begin: the geometry (pairs).
+        out: ``(OH, OW)``.
+        planes: the input is NCHW channel planes (a stem of few channels).
+        threads: intra-op threads.
+    """
+
+    def __init__(self, x_shape, c: int, wt: np.ndarray, groups: np.ndarray, m: int, kernel,
+                 strides, dilations, pads_begin, out, planes: bool, threads: int):
+        n = x_shape[0]
+        h, w = (x_shape[2], x_shape[3])
+        oh, ow = out
+        if h * w < LANES or oh * ow < LANES:
+            raise ValueError(f"NCHWc convolution takes planes of at least {LANES} pixels, got "
+                             f"{(h, w)} -> {tuple(out)}")
+        toffs, pix, dst, geo = _cb.geometry(c, h, w, *kernel, *strides, *dilations,
+                                            *pads_begin, oh, ow, bool(planes))
+        hp, wp = int(geo[4]), int(geo[5])
+        pt, pl = pads_begin
+        self.ocb = ocb = -(-m // LANES)
+        self.y_shape = (n, ocb, oh, ow, LANES)
+        self.x_shape = tuple(x_shape)
+        ohw = oh * ow
+        ng = groups.shape[0]
+        self.in_place = not planes and pt == 0 and pl == 0 and hp == h and wp == w
+        icb = -(-c // LANES)
+        if self.in_place:
+            img = icb * h * w * LANES
+            self.xs = None
+        else:
+            img = (c if planes else icb) * hp * wp * (1 if planes else LANES)
+            self.xs = np.empty(n * img, np.float32)
+        self.in_items = n * (c if planes else icb)
+        chunk = min(_cb.IMAGE_CHUNK if threads <= 1 else
+                    _cb.chunk_pixels(ohw, ng * n, threads), -(-ohw // LANES) * LANES)
+        nchunks = -(-ohw // chunk)
+        self.tile_items = n * nchunks * ng
+        self.threads = threads
+        self._keep = (wt, groups, toffs, pix, dst, geo)
+        self.ep = np.zeros(3, np.float32)
+        p = np.zeros(_CONV_N, np.int64)
+        p[4], p[5], p[6], p[7] = _addr(wt), wt.size, _addr(groups), ng
+        p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(pix), pix.size
+        p[19] = _addr(self.ep)
+        p[20:33] = (ocb, m, ohw, chunk, nchunks, img, h, w, pt, pl, hp, wp,
+                    c if planes else icb)
+        p[33] = int(bool(planes))
+        p[34], p[35], p[36], p[37] = _addr(dst), dst.size, _addr(geo), c
+        if self.xs is not None:
+            p[2], p[3] = _addr(self.xs), self.xs.size
+        self.params = p
+
+    def __call__(self, x: np.ndarray, bias: np.ndarray, z: np.ndarray | None, alpha, lo,
+                 hi) -> np.ndarray:
+        """``x`` float32 C-contiguous of :attr:`x_shape`; ``bias`` the padded
+        ``(OCB * 16,)`` float32; ``z`` None or blocked float32 of
+        :attr:`y_shape` (C-contiguous); the epilogue's floats. A new blocked
+        ``y``."""
+        y = np.empty(self.y_shape, np.float32)
+        p = self.params
+        self.ep[0], self.ep[1], self.ep[2] = alpha, lo, hi
+        p[0], p[1] = _addr(x), x.size
+        if self.xs is None:
+            p[2], p[3] = p[0], p[1]
+        p[12], p[13] = _addr(bias), bias.size
+        zz = y if z is None else z
+        p[14], p[15], p[16] = _addr(zz), zz.size, 0 if z is None else 1
+        p[17], p[18] = _addr(y), y.size
+        if self.xs is not None:
+            _run(_CONV_IN, p, self.in_items, self.threads)
+        _run(_CONV_TILES, p, self.tile_items, self.threads)
+        return y
+
+
+class DepthwiseCall:
+    """A depthwise conv (``mode`` 0), MaxPool (1) or AveragePool (2) on
+    blocked ``(N, CB, H, W, 16)`` input of ``c`` channels, for one input
+    shape: :meth:`__call__` gives the blocked ``(N, CB, OH, OW, 16)``.
+
+    Args:
+        x_shape: the blocked input's shape.
+        c: channels.
+        wt: :func:`._dw_blocked.pack`'s weights (``mode`` 0; else unused).
+        kernel, strides, dilations, pads_begin, out: the geometry (pairs).
+        mode: 0, 1 or 2.
+        counts: AveragePool's divisor factors per output row and column.
+        threads: intra-op threads.
+    """
+
+    def __init__(self, x_shape, c: int, wt, kernel, strides, dilations, pads_begin, out,
+                 mode: int, counts, threads: int):
+        n, cbn, h, w, _ = x_shape
+        kh, kw = kernel
+        sh, sw = strides
+        dh, dw = dilations
+        pt, pl = pads_begin
+        oh, ow = out
+        hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
+        wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
+        toffs = _dwb.tap_offsets(kh, kw, dh, dw, wp)
+        if mode == 2:
+            cnt = np.ascontiguousarray(np.multiply.outer(
+                np.asarray(counts[0], np.float32), np.asarray(counts[1], np.float32)).reshape(-1))
+        else:
+            cnt = np.ones(1, np.float32)
+        wt = np.zeros(LANES, np.float32) if wt is None else wt
+        self.x_shape = tuple(x_shape)
+        self.y_shape = (n, cbn, oh, ow, LANES)
+        self.items = n * cbn
+        self.threads = threads
+        self.ep = np.zeros(3, np.float32)
+        self._keep = (wt, toffs, cnt)
+        p = np.zeros(_DW_N, np.int64)
+        p[2], p[3] = _addr(wt), wt.size
+        p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(cnt), cnt.size
+        p[12] = _addr(self.ep)
+        p[13:26] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c)
+        self.params = p
+
+    def __call__(self, x: np.ndarray, bias: np.ndarray | None, alpha=1.0, lo=-np.inf,
+                 hi=np.inf) -> np.ndarray:
+        """``x`` float32 C-contiguous of :attr:`x_shape`, ``bias`` the padded
+        ``(CB * 16,)`` float32 (mode 0)."""
+        y = np.empty(self.y_shape, np.float32)
+        p = self.params
+        self.ep[0], self.ep[1], self.ep[2] = alpha, lo, hi
+        b = self.ep if bias is None else bias
+        p[0], p[1], p[4], p[5], p[6], p[7] = _addr(x), x.size, _addr(b), b.size, _addr(y), y.size
+        _run(_DW, p, self.items, self.threads)
+        return y

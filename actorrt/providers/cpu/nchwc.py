@@ -1,0 +1,331 @@
+"""NCHWc layout ops (domain ``ai.actorrt``): chains of convolutions and pools
+on 16-channel blocks, onnxruntime's NCHWc transformer for AVX-512.
+
+The graph optimizer's layout pass (:func:`actorrt.optimizer.layout.nchwc_layout`,
+level 99 / ``ORT_ENABLE_ALL``) rewrites each chain of convolutions whose
+kernels take 16-channel blocks into these ops, so values inside the chain
+stay blocked -- float32 ``(N, ceil(C/16), H, W, 16)``, channel ``c`` at
+``[:, c // 16, :, :, c % 16]``, the lanes past ``C`` zero -- and only its
+ends are transposed:
+
+* ``ReorderInput(X) -> Y``: NCHW float32 ``X (N, C, H, W)`` -> blocked.
+* ``ReorderOutput(X) -> Y``, attribute ``channels`` (``C``): blocked -> NCHW.
+* ``NchwcConv(X, W, B?, Z?) -> Y``: Conv's attributes (``auto_pad``,
+  ``dilations``, ``group``, ``kernel_shape``, ``pads``, ``strides``), FusedConv's
+  ``activation`` / ``activation_params`` (none, Relu, LeakyRelu, Clip), and
+  ``channels`` (the input's ``C``). ``W (M, C/group, KH, KW)`` and ``B (M,)``
+  as Conv's (constants); X blocked, or with ``input_layout = "NCHW"`` (a stem
+  of at most 8 channels) NCHW; ``Z`` a blocked residual of Y's shape; Y
+  blocked ``(N, ceil(M/16), OH, OW, 16)``: ``act(conv(X, W) + B + Z)``. One
+  group, or depthwise (``group == C == M``, no ``Z``).
+* ``NchwcPool(X) -> Y``, attributes of MaxPool / AveragePool (2-D, no
+  ``ceil_mode``, ``storage_order`` 0) plus ``mode`` (``"max"`` / ``"avg"``)
+  and ``channels``: blocked in and out.
+
+The compiled kernels are :mod:`._nchwc`'s; :func:`available` says whether
+this host has them (numba, AVX-512): the pass rewrites nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import tracing
+from .._contract import Kernel, NodeSpec, require
+from . import _nchwc
+from ._conv_util import conv_geometry, decode_str, spatial_params
+from .registry import cpu_kernel
+
+__all__ = ["available", "conv_kind", "pool_applies", "ReorderInput", "ReorderOutput",
+           "NchwcConv", "NchwcPool"]
+
+LANES = _nchwc.LANES
+#: channels filling at least this share of their 16-lane blocks
+MIN_FILL = 0.75
+#: stems (NCHW input) of at most this many channels
+STEM_MAX_CHANNELS = 8
+
+
+def available() -> bool:
+    """Whether this host has the NCHWc kernels (numba, AVX-512, partners)."""
+    return _nchwc.HAVE_KERNEL
+
+
+def _fills(c: int) -> bool:
+    return c >= MIN_FILL * LANES * -(-c // LANES)
+
+
+def _epilogue_params(act: str, params) -> tuple[float, float, float] | None:
+    from . import _conv_direct as cdr
+    return cdr.act_params(act, tuple(params or ()))
+
+
+def geometry(attrs_of, x_shape, w_shape):
+    """``(kernel, strides, dilations, out, pads_begin, pads_end)`` of a 2-D Conv-like
+    node (``attrs_of(name)`` its attribute or None) for the NCHW shapes."""
+    kernel = attrs_of("kernel_shape") or w_shape[2:]
+    kernel, strides, dil, pb, pe = spatial_params(2, kernel, attrs_of("strides"),
+                                                  attrs_of("dilations"), attrs_of("pads"))
+    auto_pad = decode_str(attrs_of("auto_pad"), "NOTSET")
+    out, pb, pe = conv_geometry(x_shape[2:], kernel, strides, dil, pb, pe, auto_pad)
+    return tuple(kernel), tuple(strides), tuple(dil), tuple(out), tuple(pb), tuple(pe)
+
+
+def conv_kind(x_shape, w_shape, group: int, out, strides, act: str, act_params,
+              has_z: bool) -> str | None:
+    """How an NCHW float32 2-D convolution of these static shapes runs on
+    blocks: ``"conv"`` (one group, blocked in), ``"stem"`` (one group, at most
+    :data:`STEM_MAX_CHANNELS` input channels read as NCHW planes),
+    ``"depthwise"``, or None (not this module's case: the reason is one of
+    no kernels, an activation other than none / Relu / LeakyRelu / Clip,
+    planes under 16 pixels, channels filling under :data:`MIN_FILL` of their
+    blocks, other groupings, a depthwise residual)."""
+    if not available() or _epilogue_params(act, act_params) is None:
+        return None
+    if len(x_shape) != 4 or len(w_shape) != 4 or len(out) != 2:
+        return None
+    n, c, h, w = x_shape
+    m = w_shape[0]
+    if h * w < LANES or out[0] * out[1] < LANES:
+        return None
+    if group == 1 and w_shape[1] == c:
+        if c <= STEM_MAX_CHANNELS:
+            from . import _conv_blocked as cb
+            return "stem" if cb.planes_fit(x_shape, w_shape, 1, out, strides) else None
+        return "conv" if _fills(c) and _fills(m) else None
+    if group == c == m and w_shape[1] == 1 and not has_z and _fills(c):
+        return "depthwise"
+    return None
+
+
+def pool_applies(x_shape, out) -> bool:
+    """Whether a 2-D MaxPool / AveragePool of these NCHW shapes runs on blocks."""
+    return available() and len(x_shape) == 4 and x_shape[2] * x_shape[3] >= LANES and \
+        out[0] * out[1] >= LANES and _fills(x_shape[1])
+
+
+def _threads() -> int:
+    from . import _conv_direct as cdr
+    return cdr.current_threads()
+
+
+def _require_kernels(node: NodeSpec) -> None:
+    require(available(), "%s needs the NCHWc kernels (numba with AVX-512)", node.op_type)
+
+
+@cpu_kernel("ReorderInput", domain="ai.actorrt")
+class ReorderInput(Kernel):
+    """NCHW float32 ``X (N, C, H, W)`` (``H * W >= 16``) -> blocked ``(N,
+    ceil(C/16), H, W, 16)``, lanes past ``C`` zero. Raises ValueError for
+    another rank or smaller planes."""
+
+    @classmethod
+    def check(cls, node):
+        _require_kernels(node)
+
+    def run(self, x):
+        y = _nchwc.to_blocks(np.asarray(x, np.float32), _threads())
+        tracing.kernel_variant("layout", "nchwc", "reorder input")
+        return y
+
+
+@cpu_kernel("ReorderOutput", domain="ai.actorrt")
+class ReorderOutput(Kernel):
+    """Blocked float32 ``X (N, ceil(C/16), H, W, 16)`` -> NCHW ``(N, C, H, W)``
+    (attribute ``channels`` = ``C``). Raises ValueError where X is not such
+    an array."""
+
+    @classmethod
+    def check(cls, node):
+        _require_kernels(node)
+        require(int(node.attr("channels", 0)) >= 1, "ReorderOutput needs channels >= 1")
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._c = int(node.attr("channels", 0))
+
+    def run(self, x):
+        return _nchwc.from_blocks(x, self._c, _threads())
+
+
+class _Calls:
+    """Prepared calls by (input shape, threads), bounded."""
+
+    LIMIT = 64
+
+    def __init__(self, make):
+        self._make = make
+        self._d: dict = {}
+
+    def get(self, shape, threads: int):
+        key = (shape, threads)
+        f = self._d.get(key)
+        if f is None:
+            if len(self._d) >= self.LIMIT:
+                self._d.clear()
+            f = self._d[key] = self._make(shape, threads)
+        return f
+
+
+@cpu_kernel("NchwcConv", domain="ai.actorrt")
+class NchwcConv(Kernel):
+    """``act(conv(X, W) + B + Z)`` on 16-channel blocks (module docstring).
+
+    Inputs: X float32 blocked ``(N, ceil(C/16), H, W, 16)`` (or NCHW ``(N, C,
+    H, W)`` with ``input_layout = "NCHW"``), W ``(M, C/group, KH, KW)``
+    constant, B ``(M,)`` optional, Z blocked of Y's shape optional. Output Y
+    blocked ``(N, ceil(M/16), OH, OW, 16)``. Raises ValueError for inputs
+    of other shapes."""
+
+    @classmethod
+    def check(cls, node):
+        _require_kernels(node)
+        require(1 in node.constant_inputs, "NchwcConv needs a constant weight")
+        require(_epilogue_params(decode_str(node.attr("activation"), ""),
+                                 node.attr("activation_params")) is not None,
+                "NchwcConv: activation %r has no blocked epilogue",
+                decode_str(node.attr("activation"), ""))
+
+    @classmethod
+    def estimate_flops(cls, node):
+        w = node.constant_inputs.get(1)
+        out = node.output_types[0].shape if node.output_types and node.output_types[0] else None
+        if w is None or out is None or any(not isinstance(d, int) for d in out):
+            return 0.0
+        return 2.0 * w.size * out[0] * out[2] * out[3]
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._c = int(node.attr("channels", 0))
+        self._group = int(node.attr("group", 1))
+        self._nchw = decode_str(node.attr("input_layout"), "NCHWc") == "NCHW"
+        self._ep = tuple(np.float32(v) for v in _epilogue_params(
+            decode_str(node.attr("activation"), ""), node.attr("activation_params")))
+        self._w = None
+        self._packed = None
+        self._bias_const = None
+        self._bias = None
+        self._calls = _Calls(self._make_call)
+
+    def prepare(self, constants, shared):
+        w = constants.get(1)
+        if w is None:
+            return
+        self._w = w
+        depthwise = self._group != 1
+        if "nchwc" not in shared:
+            from . import _conv_blocked as cb, _dw_blocked as dwb
+            w32 = np.asarray(w, np.float32)
+            shared["nchwc"] = (dwb.pack(w32, None)[0],) if depthwise else \
+                cb.pack(w32, None, self._nchw)[:2]
+        self._packed = shared["nchwc"]
+        self._bias_const = constants.get(2)
+        if self._bias_const is not None:
+            self._bias = self._pad_bias(self._bias_const)
+
+    def _pad_bias(self, b) -> np.ndarray:
+        from . import _dw_blocked as dwb
+        m = self._w.shape[0]
+        if np.size(b) != m:
+            raise ValueError(f"NchwcConv {self.node.name!r}: B has {np.size(b)} values, W has "
+                             f"{m} output channels")
+        return dwb.pack_bias(np.asarray(b, np.float32), m)
+
+    def _nchw_shape(self, x_shape):
+        if self._nchw:
+            return tuple(x_shape)
+        return (x_shape[0], self._c, x_shape[2], x_shape[3])
+
+    def _make_call(self, x_shape, threads):
+        w = self._w
+        if self._nchw:
+            ok = len(x_shape) == 4 and x_shape[1] == self._c
+        else:
+            ok = len(x_shape) == 5 and x_shape[4] == LANES and x_shape[1] == -(-self._c // LANES)
+        if not ok or self._c != w.shape[1] * self._group:
+            raise ValueError(
+                f"NchwcConv {self.node.name!r}: input X has shape {tuple(x_shape)}, expected "
+                + (f"(N, {self._c}, H, W)" if self._nchw else
+                   f"(N, {-(-self._c // LANES)}, H, W, 16) (blocked {self._c} channels)"))
+        nchw = self._nchw_shape(x_shape)
+        kernel, strides, dil, out, pb, _ = geometry(self.node.attr, nchw, w.shape)
+        if self._group == 1:
+            wt, groups = self._packed
+            return _nchwc.ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel, strides,
+                                   dil, pb, out, self._nchw, threads)
+        return _nchwc.DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil, pb,
+                                    out, 0, None, threads)
+
+    def run(self, x, w, b=None, z=None):
+        if self._w is None or w.shape != self._w.shape:
+            raise ValueError(f"NchwcConv {self.node.name!r} needs its constant weight "
+                             f"{None if self._w is None else self._w.shape}, got {w.shape}")
+        call = self._calls.get(x.shape, _threads())
+        x = np.ascontiguousarray(x, np.float32)
+        bias = self._bias if b is not None and b is self._bias_const else \
+            self._pad_bias(b if b is not None else np.zeros(w.shape[0], np.float32))
+        alpha, lo, hi = self._ep
+        if self._group != 1:
+            return call(x, bias, alpha, lo, hi)
+        if z is not None:
+            if z.shape != call.y_shape:
+                raise ValueError(f"NchwcConv {self.node.name!r}: Z has shape {z.shape}, the "
+                                 f"output {call.y_shape}")
+            z = np.ascontiguousarray(z, np.float32)
+        return call(x, bias, z, alpha, lo, hi)
+
+
+@cpu_kernel("NchwcPool", domain="ai.actorrt")
+class NchwcPool(Kernel):
+    """MaxPool (``mode = "max"``) / AveragePool (``"avg"``) on blocked float32
+    ``X (N, ceil(C/16), H, W, 16)`` -> blocked ``(N, ceil(C/16), OH, OW,
+    16)``; attributes as ONNX's 2-D pools (``kernel_shape``, ``strides``,
+    ``pads``, ``auto_pad``, ``dilations``; AveragePool's
+    ``count_include_pad``; ``ceil_mode`` 0) and ``channels``. MaxPool is IEEE
+    ``maxNum`` over the window (padding ``-inf``), AveragePool the taps' sum
+    over the counted taps. Raises ValueError for other input shapes."""
+
+    @classmethod
+    def check(cls, node):
+        _require_kernels(node)
+        require(not int(node.attr("ceil_mode", 0)), "NchwcPool: ceil_mode is not taken")
+        require(decode_str(node.attr("mode"), "") in ("max", "avg"),
+                "NchwcPool: mode must be max or avg")
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._c = int(node.attr("channels", 0))
+        self._max = decode_str(node.attr("mode"), "") == "max"
+        self._calls = _Calls(self._make_call)
+
+    def _make_call(self, x_shape, threads):
+        if len(x_shape) != 5 or x_shape[4] != LANES or x_shape[1] != -(-self._c // LANES):
+            raise ValueError(f"NchwcPool {self.node.name!r}: input X has shape {tuple(x_shape)}, "
+                             f"expected (N, {-(-self._c // LANES)}, H, W, 16)")
+        nchw = (x_shape[0], self._c, x_shape[2], x_shape[3])
+        kshape = tuple(self.node.attr("kernel_shape"))
+        kernel, strides, dil, out, pb, pe = geometry(self.node.attr, nchw, (0, 0) + kshape)
+        counts = None
+        if not self._max:
+            counts = tuple(_counts(nchw[2 + i], kernel[i], strides[i], pb[i], pe[i], out[i],
+                                   bool(int(self.node.attr("count_include_pad", 0))))
+                           for i in range(2))
+        return _nchwc.DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
+                                    1 if self._max else 2, counts, threads)
+
+    def run(self, x):
+        call = self._calls.get(x.shape, _threads())
+        return call(np.ascontiguousarray(x, np.float32), None)
+
+
+def _counts(size: int, k: int, s: int, pb: int, pe: int, out: int,
+            include_pad: bool) -> np.ndarray:
+    """AveragePool's divisor factor per output index along one axis: the taps
+    inside the input (or, with ``include_pad``, inside the padded input:
+    the window clipped to ``size + pads``, as ONNX counts explicit pads)."""
+    starts = np.arange(out) * s - pb
+    if include_pad:
+        lo, hi = -pb, size + pe
+    else:
+        lo, hi = 0, size
+    return (np.minimum(starts + k, hi) - np.maximum(starts, lo)).astype(np.float32)

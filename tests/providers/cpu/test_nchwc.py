@@ -1,0 +1,102 @@
+"""The NCHWc kernels (:mod:`actorrt.providers.cpu._nchwc`): the reorders against
+numpy's reshape / transpose, the blocked convolution and depthwise calls against the
+ONNX reference evaluator, the lanes past the channel count zero (also where the
+epilogue's lower bound is above 0), one and two threads giving the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from actorrt.providers.cpu import _conv_blocked as cb, _dw_blocked as dwb, _nchwc as nc, _threads
+
+pytestmark = pytest.mark.skipif(not nc.HAVE_KERNEL, reason="no NCHWc kernels (AVX-512)")
+
+RNG = np.random.default_rng(11)
+
+
+def _blocks_ref(x):
+    n, c, h, w = x.shape
+    cb_ = -(-c // 16)
+    p = np.zeros((n, cb_ * 16, h, w), np.float32)
+    p[:, :c] = x
+    return p.reshape(n, cb_, 16, h, w).transpose(0, 1, 3, 4, 2)
+
+
+def _conv_ref(x, w, b, strides, pads, dil, group):
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=strides, pads=pads,
+                            dilations=dil, group=group)
+    g = helper.make_graph([node], "c", [], [helper.make_tensor_value_info("y", 1, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    g.input.append(helper.make_tensor_value_info("x", 1, x.shape))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return ReferenceEvaluator(m).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 20, 5, 7), (1, 33, 17, 3), (3, 3, 8, 9)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reorders_match_numpy(shape, threads):
+    _threads.apply(threads)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    xb = nc.to_blocks(x, threads)
+    np.testing.assert_array_equal(xb, _blocks_ref(x))
+    np.testing.assert_array_equal(nc.from_blocks(xb, shape[1], threads), x)
+
+
+def test_reorders_reject_other_shapes():
+    with pytest.raises(ValueError):
+        nc.to_blocks(np.zeros((1, 16, 3, 3), np.float32))  # planes under 16 pixels
+    with pytest.raises(ValueError):
+        nc.from_blocks(np.zeros((1, 2, 4, 4, 16), np.float32), 40)
+
+
+@pytest.mark.parametrize("n,c,m,hw,k,s,p,d", [
+    (1, 32, 48, 14, 3, 1, 1, 1), (2, 24, 37, 11, 3, 2, 1, 1), (1, 64, 16, 9, 1, 1, 0, 1),
+    (1, 28, 40, 13, 3, 1, 2, 2), (1, 3, 32, 33, 3, 2, 1, 1), (2, 48, 80, 7, 1, 2, 0, 1),
+])
+def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d):
+    x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (RNG.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    b = RNG.standard_normal(m).astype(np.float32)
+    ref = _conv_ref(x, w, b, [s, s], [p] * 4, [d, d], 1)
+    z = RNG.standard_normal(ref.shape).astype(np.float32)
+    lo, hi = 0.25, 1.5  # the padded lanes must stay 0 although lo > 0
+    want = np.clip(ref + z, lo, hi)
+    planes = c <= 8
+    wt, groups, bt = cb.pack(w, b, planes)
+    outs = []
+    for threads in (1, 2):
+        _threads.apply(threads)
+        xin = x if planes else nc.to_blocks(x)
+        call = nc.ConvCall(xin.shape, c, wt, groups, m, (k, k), (s, s), (d, d), (p, p),
+                           ref.shape[2:], planes, threads)
+        y = call(xin, bt, nc.to_blocks(z), np.float32(1), np.float32(lo), np.float32(hi))
+        assert y.shape == nc.blocked_shape(*ref.shape)
+        np.testing.assert_allclose(nc.from_blocks(y, m), want, rtol=1e-5, atol=2e-5)
+        flat = y.transpose(0, 2, 3, 1, 4).reshape(-1, y.shape[1] * 16)
+        assert not flat[:, m:].any()
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("n,c,hw,k,s,p", [(1, 32, 20, 3, 1, 1), (2, 40, 11, 3, 2, 1),
+                                          (1, 26, 16, 5, 1, 2)])
+def test_depthwise_call_matches_reference(n, c, hw, k, s, p):
+    x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    ref = _conv_ref(x, w, b, [s, s], [p] * 4, [1, 1], c)
+    wt, bt = dwb.pack(w, b)
+    outs = []
+    for threads in (1, 2):
+        call = nc.DepthwiseCall(nc.blocked_shape(n, c, hw, hw), c, wt, (k, k), (s, s), (1, 1),
+                                (p, p), ref.shape[2:], 0, None, threads)
+        y = call(nc.to_blocks(x), bt, np.float32(0.1), np.float32(0.5), np.float32(np.inf))
+        v = np.where(ref < 0, 0.1 * ref, ref)
+        np.testing.assert_allclose(nc.from_blocks(y, c), np.maximum(v, 0.5), rtol=1e-5, atol=1e-5)
+        flat = y.transpose(0, 2, 3, 1, 4).reshape(-1, y.shape[1] * 16)
+        assert not flat[:, c:].any()
+        outs.append(y)
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -11,10 +11,11 @@ weight, static shapes, an epilogue of none / Relu / LeakyRelu / Clip, and
 shapes the blocked kernels take (:func:`actorrt.providers.cpu.nchwc.conv_kind`);
 or a 2-D ``MaxPool`` / ``AveragePool`` with static shapes, ``ceil_mode`` 0
 (MaxPool: its ``Indices`` output unused; AveragePool: dilations 1); or a
-``Concat`` along the channels of values of multiples of 16 channels. Such a
-node is rewritten only next to another one (its input's producer, a reader
-of its output, or its residual's producer), so a lone node keeps its own
-per-call blocking.
+``Concat`` along the channels of values of multiples of 16 channels. Such
+nodes are rewritten by connected groups (linked by the values they would
+read as blocks) holding at least :data:`MIN_CONVS` convolutions: a lone
+convolution keeps its own per-call blocking, pools and Concats alone stay
+NCHW.
 
 Post: each rewritten node is an ``ai.actorrt:NchwcConv`` / ``NchwcPool``
 (:mod:`actorrt.providers.cpu.nchwc`) or a ``Concat`` along the blocks' axis 1,
@@ -40,15 +41,27 @@ __all__ = ["nchwc_layout"]
 ENGINE = "ai.actorrt"
 _F32 = int(_dtypes.from_numpy_dtype(np.dtype(np.float32)))
 _POOLS = ("MaxPool", "AveragePool")
+#: convolutions a connected group of blocked nodes needs to be rewritten
+MIN_CONVS = 2
 
 
-def _static(ctx: OptContext, name: str) -> tuple[int, ...] | None:
+def _static(ctx: OptContext, name: str) -> tuple | None:
+    """``name``'s shape when it is a float32 tensor whose dims past the first
+    are known ints (the batch may be symbolic: the kernels plan per run)."""
     t = ctx.types.get(name)
-    if t is None or t.kind != "tensor" or t.dtype != _F32 or t.shape is None:
+    if t is None or t.kind != "tensor" or t.dtype != _F32 or t.shape is None or not t.shape:
         return None
-    if any(not isinstance(d, (int, np.integer)) or d < 1 for d in t.shape):
+    rest = t.shape[1:]
+    if any(not isinstance(d, (int, np.integer)) or d < 1 for d in rest):
         return None
-    return tuple(int(d) for d in t.shape)
+    n = t.shape[0]
+    if isinstance(n, (int, np.integer)):
+        if n < 1:
+            return None
+        n = int(n)
+    elif not isinstance(n, str):
+        return None
+    return (n,) + tuple(int(d) for d in rest)
 
 
 def _conv_kind(ctx: OptContext, s: NodeSpec, nc) -> str | None:
@@ -145,20 +158,29 @@ def nchwc_layout(ctx: OptContext) -> None:
             ins.append(s.inputs[3])
         return ins
 
-    # keep only nodes next to another kept node (a lone one gains nothing)
-    changed = True
-    while changed:
-        changed = False
-        for s in ctx.specs:
-            if id(s) not in kind:
-                continue
-            near = any(id(ctx.producer.get(v)) in kind for v in blocked_inputs(s))
-            if not near:
-                near = any(id(r) in kind and s.outputs[0] in blocked_inputs(r)
-                           for r in ctx.consumers.get(s.outputs[0], []))
-            if not near:
-                del kind[id(s)]
-                changed = True
+    # keep the connected groups (edges: blocked values) with at least two
+    # convolutions: a lone one, or pools and Concats alone, gain nothing
+    by_id = {id(s): s for s in ctx.specs if id(s) in kind}
+    parent = {i: i for i in by_id}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, s in by_id.items():
+        for v in blocked_inputs(s):
+            p = ctx.producer.get(v)
+            if p is not None and id(p) in by_id:
+                parent[root(i)] = root(id(p))
+    convs: dict[int, int] = {}
+    for i in by_id:
+        if kind[i] not in ("pool", "concat"):
+            convs[root(i)] = convs.get(root(i), 0) + 1
+    for i in list(by_id):
+        if convs.get(root(i), 0) < MIN_CONVS:
+            del kind[i]
     if not kind:
         return
 

@@ -308,7 +308,7 @@ if HAVE_KERNEL:
                 src = (n * c + b) * hw
                 for iy in range(h):
                     r = (iy + pt) * wp + pl
-                    sub[r:r + w] = x[src + iy * w:src + (iy + 1) * w]
+                    _ct.copy_f32(sub, r, x, src + iy * w, w)
                 continue
             c0 = b * LANES
             for p0 in range(0, hw, LANES):

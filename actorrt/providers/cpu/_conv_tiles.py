@@ -33,7 +33,7 @@ placements, one copy).
 from __future__ import annotations
 
 __all__ = ["HAVE_KERNEL", "VW", "OVERRUN_BYTES", "row_tile_codegen", "channel_tile_codegen",
-           "tile_intrinsic", "as_i64", "vec_ptr", "splat", "open_loop", "close_loop",
+           "tile_intrinsic", "as_i64", "vec_ptr", "splat", "open_loop", "close_loop", "copy_f32",
            "overrun_leaves_page", "readable", "empty_with_slack"]
 
 import math
@@ -163,6 +163,25 @@ if HAVE_KERNEL:
 
     #: IR helpers shared with the other direct kernels (:mod:`._pool_direct`)
     as_i64, vec_ptr, splat = _as_i64, _vptr, _splat
+
+    @intrinsic
+    def copy_f32(typingctx, dst, d_off, src, s_off, n):
+        """``dst[d_off : d_off + n] = src[s_off : s_off + n]`` for float32
+        arrays as one ``memcpy`` (no overlap, in bounds: the caller's rule).
+        numba's slice assignment checks for overlap and copies element by
+        element: 2.5-4.5x numpy's copy of the same rows."""
+        if getattr(dst, "dtype", None) != types.float32 or \
+                getattr(src, "dtype", None) != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            da = context.make_array(sig.args[0])(context, builder, args[0]).data
+            sa = context.make_array(sig.args[2])(context, builder, args[2]).data
+            do, so, cnt = (context.cast(builder, args[i], sig.args[i], types.int64)
+                           for i in (1, 3, 4))
+            cgutils.raw_memcpy(builder, builder.gep(da, [do]), builder.gep(sa, [so]), cnt, 4)
+            return context.get_dummy_value()
+        return types.void(dst, d_off, src, s_off, n), codegen
 
     def _tile_args(context, builder, sig, args):
         """The tile intrinsic's arguments: arrays ``(xs, offs, wp, y, bias,

@@ -46,6 +46,8 @@ __all__ = ["HAVE_KERNEL", "ENABLED", "MAX_PIXELS", "MIN_FILL", "POOL_MAX_INPUT_P
 LANES = 16
 #: output pixels a step (each weight vector loaded once for them)
 PIXELS = 4
+#: output pixels a call of the unrolled windows (:func:`window_kind`)
+WINDOW_PIXELS = 8
 HAVE_KERNEL = _ct.HAVE_KERNEL and _ct.VW == LANES
 #: take this kernel where :func:`applies` (off: the plane kernel everywhere)
 ENABLED = True
@@ -162,6 +164,68 @@ if HAVE_KERNEL:
         return (types.void(xs, x_off, x_step, npix, toffs, kk, wt, wo, bias, bo, y, y_off,
                            y_stride, nvalid, z, has_z, alpha, lo, hi, out, o_off),
                 _pixels_codegen)
+
+    def _window_codegen(kh: int, kw: int, stride: int, npix_max: int):
+        """``npix_max`` output pixels of one row for 16 channels, a ``kh x kw``
+        window of stride ``stride`` and dilation 1, unrolled: ``acc_p = sum
+        wt[wo + (ky * kw + kx) * 16 : +16] * xs[x_off + ky * row + (p *
+        stride + kx) * 16 : +16]`` in tap order (as :func:`_pixels_codegen`),
+        each input vector loaded once for every pixel and tap that reads it,
+        then ``v = acc + bias[bo : +16]``, the epilogue, stored to
+        ``out[(o_off + p) * 16 : +16]`` for ``p < npix``. Pixels past
+        ``npix`` read up to ``(npix_max - 1) * stride + kw - 1`` columns past
+        ``x_off`` (the caller's scratch leaves that slack)."""
+        def codegen(context, builder, sig, args):
+            xa, wa, ba, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                              for i in (0, 4, 6, 11))
+            x_off, row, npix, wo, bo, o_off = (_as_i64(builder, args[i])
+                                               for i in (1, 2, 3, 5, 7, 12))
+            alpha, lo, hi = args[8], args[9], args[10]
+            vf = _V(_f32, LANES)
+            fast = ("fast",)
+            zero = ir.Constant(vf, [0.0] * LANES)
+            accs = [zero] * npix_max
+            for ky in range(kh):
+                rb = builder.add(x_off, builder.mul(row, _i64(ky)))
+                cols = {}
+                for kx in range(kw):
+                    wv = builder.load(_vptr(builder, wa, builder.add(
+                        wo, _i64((ky * kw + kx) * LANES)), LANES), align=4)
+                    for p in range(npix_max):
+                        c = p * stride + kx
+                        if c not in cols:
+                            cols[c] = builder.load(_vptr(builder, xa, builder.add(
+                                rb, _i64(c * LANES)), LANES), align=4)
+                        accs[p] = builder.fadd(accs[p], builder.fmul(wv, cols[c], flags=fast),
+                                               flags=fast)
+            bv = builder.load(_vptr(builder, ba, bo, LANES), align=4)
+            alv, lov, hiv = (_splat(builder, v, LANES) for v in (alpha, lo, hi))
+            for p in range(npix_max):
+                v = builder.fadd(accs[p], bv, flags=fast)
+                v = builder.select(builder.fcmp_ordered("<", v, zero),
+                                   builder.fmul(v, alv, flags=fast), v)
+                v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+                v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+                with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
+                    builder.store(v, _vptr(builder, oa, builder.mul(
+                        builder.add(o_off, _i64(p)), _i64(LANES)), LANES), align=4)
+            return context.get_dummy_value()
+        return codegen
+
+    def _window_intrinsic(kh: int, kw: int, stride: int):
+        def typer(typingctx, xs, x_off, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, o_off):
+            if any(getattr(a, "dtype", None) != types.float32 for a in (xs, wt, bias, out)) or \
+                    any(f != types.float32 for f in (alpha, lo, hi)):
+                return None
+            return (types.void(xs, x_off, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, o_off),
+                    _window_codegen(kh, kw, stride, WINDOW_PIXELS))
+        typer.__name__ = f"_dw_window_{kh}x{kw}_s{stride}"
+        return intrinsic(typer)
+
+    #: unrolled depthwise windows (3x3 and 5x5, stride 1 and 2, dilation 1):
+    #: :data:`WINDOW_PIXELS` output pixels a call
+    window_3s1, window_3s2, window_5s1, window_5s2 = (
+        _window_intrinsic(k, k, st) for k, st in ((3, 1), (3, 2), (5, 1), (5, 2)))
 
     def _pool_pixels_codegen(is_max: bool):
         """Up to :data:`PIXELS` output pixels of a pooling for 16 channels:
@@ -483,6 +547,15 @@ def _tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
 
 #: public name of the tap table (:mod:`._nchwc`)
 tap_offsets = _tap_offsets
+
+
+def window_kind(kernel, strides, dilations) -> int:
+    """Which unrolled window takes a depthwise conv: 1 (3x3 / 1), 2 (3x3 /
+    2), 3 (5x5 / 1), 4 (5x5 / 2), both axes alike and dilation 1; else 0
+    (the tap loop of the pixel steps)."""
+    if tuple(dilations) != (1, 1) or kernel[0] != kernel[1] or strides[0] != strides[1]:
+        return 0
+    return {(3, 1): 1, (3, 2): 2, (5, 1): 3, (5, 2): 4}.get((kernel[0], strides[0]), 0)
 
 
 def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_shape, z,

@@ -32,6 +32,7 @@ from . import _numba_cache  # noqa: F401  (numba's disk cache keyed on every ker
 import numpy as np
 
 from . import _conv_blocked as _cb
+from . import _conv_split
 from . import _dw_blocked as _dwb
 from . import _partner
 
@@ -39,6 +40,9 @@ __all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", 
            "DepthwiseCall"]
 
 LANES = 16
+#: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
+#: (else its tap loop)
+WINDOWS = True
 #: numba, AVX-512 and the compiled partner hook
 HAVE_KERNEL = bool(_cb.HAVE_KERNEL and _dwb.HAVE_KERNEL and _partner.AVAILABLE)
 
@@ -51,26 +55,25 @@ def blocked_shape(n: int, c: int, h: int, w: int) -> tuple[int, int, int, int, i
 if HAVE_KERNEL:
     from numba import carray, cfunc, njit
 
+    from . import _conv_tiles as _ct
+
+    _copy = _ct.copy_f32
     _f32p, _i64p = _partner.f32_ptr, _partner.i64_ptr
     _SIG = _partner.ITEMS_SIGNATURE
     _tile1, _tile2, _tile3, _tile4 = _cb.tile_ep1, _cb.tile_ep2, _cb.tile_ep3, _cb.tile_ep4
     _P1, _P2, _P3, _P4 = (_cb.TILE_PIXELS[b] for b in (1, 2, 3, 4))
     _PIX = _dwb.PIXELS
+    _WIN = _dwb.WINDOW_PIXELS
     _KB = _cb.K_BLOCK_BYTES
 
     # ------------------------------------------------------------ reorders
     # params: x, y (address, size each), c, hw, dst (address, size)
     _RE_N = 8
 
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _to_items(params, i0, i1):  # pragma: no cover - compiled
+    @njit(nogil=True, cache=True)
+    def _to_range(x, y, dst, c, hw, i0, i1):  # pragma: no cover - compiled
         """Items ``t = n * CB + b``: block ``b`` of image ``n`` of NCHW ``x``
         transposed into ``y``'s block ``t`` (lanes past ``c`` zero)."""
-        p = carray(_i64p(params), (_RE_N,))
-        x = carray(_f32p(p[0]), (p[1],))
-        y = carray(_f32p(p[2]), (p[3],))
-        dst = carray(_i64p(p[6]), (p[7],))
-        c, hw = p[4], p[5]
         cbn = (c + LANES - 1) // LANES
         for t in range(i0, i1):
             n, b = t // cbn, t % cbn
@@ -79,14 +82,10 @@ if HAVE_KERNEL:
                 _dwb.planes_in(x, (n * c + b * LANES) * hw, hw, min(LANES, c - b * LANES), p0,
                                sub, dst, min(LANES, hw - p0))
 
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _from_items(params, i0, i1):  # pragma: no cover - compiled
+    @njit(nogil=True, cache=True)
+    def _from_range(x, y, c, hw, i0, i1):  # pragma: no cover - compiled
         """Items ``t = n * CB + b``: blocked ``x``'s block ``t`` transposed into
         the ``c``-channel NCHW ``y`` (lanes past ``c`` dropped)."""
-        p = carray(_i64p(params), (_RE_N,))
-        x = carray(_f32p(p[0]), (p[1],))
-        y = carray(_f32p(p[2]), (p[3],))
-        c, hw = p[4], p[5]
         cbn = (c + LANES - 1) // LANES
         for t in range(i0, i1):
             n, b = t // cbn, t % cbn
@@ -95,6 +94,18 @@ if HAVE_KERNEL:
                 _dwb.planes_out(sub, p0, y, (n * c + b * LANES) * hw, hw,
                                 min(LANES, c - b * LANES), min(LANES, hw - p0))
 
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _to_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_RE_N,))
+        _to_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                  carray(_i64p(p[6]), (p[7],)), p[4], p[5], i0, i1)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _from_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_RE_N,))
+        _from_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)), p[4], p[5],
+                    i0, i1)
+
     _TO, _FROM = _to_items.address, _from_items.address
 
     # -------------------------------------------------------- convolution
@@ -102,8 +113,9 @@ if HAVE_KERNEL:
     # pix, bias, z (address, size each), has_z, y (address, size), ep
     # (address of 3 float32: alpha, lo, hi), ocb, m, ohw, chunk, nchunks,
     # xs floats an image, h, w, pt, pl, hp, wp, input items an image,
-    # planes, dst (address, size), geo (address), c
-    _CONV_N = 38
+    # planes, dst (address, size), geo (address), c, input items an image,
+    # whether there is an input phase
+    _CONV_N = 40
 
     @njit(nogil=True, cache=True)
     def _pad_range(x, xs, h, w, pt, pl, hp, wp, start, stop):  # pragma: no cover - compiled
@@ -118,7 +130,7 @@ if HAVE_KERNEL:
             for iy in range(h):
                 r = (iy + pt) * wp * LANES
                 sub[r:r + pl * LANES] = 0.0
-                sub[r + pl * LANES:r + pl * LANES + row] = src[iy * row:(iy + 1) * row]
+                _copy(sub, r + pl * LANES, src, iy * row, row)
                 sub[r + pl * LANES + row:r + wp * LANES] = 0.0
             sub[(pt + h) * wp * LANES:] = 0.0
 
@@ -168,11 +180,10 @@ if HAVE_KERNEL:
                         _tile1(xsn, pix, p0, min(_P1, q1 - p0), toffs, k0, wt, wo, y, oo, ohw16,
                                k1, bias, bo, z, has_z, alpha, lo, hi, nv, last)
 
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _conv_in_items(params, i0, i1):  # pragma: no cover - compiled
+    @njit(nogil=True, cache=True)
+    def _conv_in(p, i0, i1):  # pragma: no cover - compiled
         """The input phase's items: padded block copies (blocked input) or
         channel planes (NCHW input: :func:`._conv_blocked.in_range`)."""
-        p = carray(_i64p(params), (_CONV_N,))
         x = carray(_f32p(p[0]), (p[1],))
         xs = carray(_f32p(p[2]), (p[3],))
         if p[33] == 0:
@@ -186,9 +197,8 @@ if HAVE_KERNEL:
             n = t // c
             _cb.in_range(x, xs[n * img:(n + 1) * img], dst, c, hw, geo, n, t % c, t % c + 1)
 
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _conv_tile_items(params, i0, i1):  # pragma: no cover - compiled
-        p = carray(_i64p(params), (_CONV_N,))
+    @njit(nogil=True, cache=True)
+    def _conv_tiles(p, i0, i1):  # pragma: no cover - compiled
         xs = carray(_f32p(p[2]), (p[3],))
         wt = carray(_f32p(p[4]), (p[5],))
         groups = carray(_i64p(p[6]), (p[7], 3))
@@ -201,22 +211,70 @@ if HAVE_KERNEL:
         _tiles_range(xs, wt, groups, toffs, pix, bias, z, p[16], y, ep, p[20], p[21], p[22],
                      p[23], p[24], p[25], i0, i1)
 
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_in_items(params, i0, i1):  # pragma: no cover - compiled
+        _conv_in(carray(_i64p(params), (_CONV_N,)), i0, i1)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_tile_items(params, i0, i1):  # pragma: no cover - compiled
+        _conv_tiles(carray(_i64p(params), (_CONV_N,)), i0, i1)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _conv_image_items(params, i0, i1):  # pragma: no cover - compiled
+        """Whole images ``[i0, i1)``: an image's input items, then its tiles
+        (one thread an image: its scratch and output blocks are its own)."""
+        p = carray(_i64p(params), (_CONV_N,))
+        per = p[38]
+        tiles = p[24] * p[7]
+        for n in range(i0, i1):
+            if p[39]:
+                _conv_in(p, n * per, (n + 1) * per)
+            _conv_tiles(p, n * tiles, (n + 1) * tiles)
+
     _CONV_IN, _CONV_TILES = _conv_in_items.address, _conv_tile_items.address
+    _CONV_IMAGES = _conv_image_items.address
+
+    @njit(nogil=True, cache=True)
+    def _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi):  # pragma: no cover
+        """A call's slots of the parameter block (``x`` read in place when
+        there is no input phase)."""
+        p[0], p[1] = x.ctypes.data, x.size
+        if p[39] == 0:
+            p[2], p[3] = p[0], p[1]
+        p[12], p[13] = bias.ctypes.data, bias.size
+        p[14], p[15], p[16] = z.ctypes.data, z.size, has_z
+        p[17], p[18] = y.ctypes.data, y.size
+        ep[0], ep[1], ep[2] = alpha, lo, hi
+
+    @njit(nogil=True, cache=True)
+    def _conv_one_thread(p, ep, x, bias, z, has_z, y, alpha, lo, hi, n):  # pragma: no cover
+        """:func:`_conv_fill`, then every image on the calling thread."""
+        _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi)
+        per = p[38]
+        tiles = p[24] * p[7]
+        for i in range(n):
+            if p[39]:
+                _conv_in(p, i * per, (i + 1) * per)
+            _conv_tiles(p, i * tiles, (i + 1) * tiles)
 
     # ------------------------------------------------- depthwise and pools
     # params: x, wt, bias, y, toffs, cnt (address, size each), ep, mode, CB,
-    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m
-    _DW_N = 26
+    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m, window kind
+    _DW_N = 27
 
     @njit(nogil=True, cache=True)
     def _dw_range(x, wt, bias, y, toffs, cnt, ep, mode, cbn, h, w, oh, ow, sh, sw, pt, pl,
-                  hp, wp, m, start, stop):  # pragma: no cover - compiled
+                  hp, wp, m, win, start, stop):  # pragma: no cover - compiled
         """Blocks ``[start, stop)`` (over every image's): the block into a
         padded scratch (pads 0, MaxPool ``-inf``), then every output row in
         steps of :data:`._dw_blocked.PIXELS` pixels stored to ``y``'s block.
         ``mode``: 0 the depthwise conv with its epilogue, 1 MaxPool, 2
-        AveragePool (``cnt``: each output pixel's divisor)."""
-        xs = np.full(hp * wp * LANES, -np.inf if mode == 1 else 0.0, np.float32)
+        AveragePool (``cnt``: each output pixel's divisor); ``win`` (mode 0)
+        the unrolled window of :func:`._dw_blocked.window_kind`, 0 the tap
+        loop."""
+        # slack past the last row: the windows' pixels past a row's end read on
+        xs = np.full(hp * wp * LANES + (_WIN * 2 + 5) * LANES, -np.inf if mode == 1 else 0.0,
+                     np.float32)
         ohw = oh * ow
         kk = toffs.size
         row = w * LANES
@@ -225,11 +283,16 @@ if HAVE_KERNEL:
             cb = t % cbn
             src = x[t * h * row:(t + 1) * h * row]
             for iy in range(h):
-                r = ((iy + pt) * wp + pl) * LANES
-                xs[r:r + row] = src[iy * row:(iy + 1) * row]
+                _copy(xs, ((iy + pt) * wp + pl) * LANES, src, iy * row, row)
             yo = t * ohw
             yb = y[yo * LANES:(yo + ohw) * LANES]
-            for oy in range(oh):
+            if win:
+                _window_rows(xs, wt, bias, yb, cb * kk * LANES, cb * LANES, oh, ow, sh,
+                             wp * LANES, win, alpha, lo, hi)
+                oh_loop = 0
+            else:
+                oh_loop = oh
+            for oy in range(oh_loop):
                 xrow = oy * sh * wp * LANES
                 for ox in range(0, ow, _PIX):
                     npix = min(_PIX, ow - ox)
@@ -249,6 +312,25 @@ if HAVE_KERNEL:
                 for i in range(ohw):
                     y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
 
+    @njit(nogil=True, cache=True)
+    def _window_rows(xs, wt, bias, yb, wo, bo, oh, ow, s, row, win, alpha, lo,
+                     hi):  # pragma: no cover - compiled
+        """Every output row of one block by the unrolled window ``win``."""
+        for oy in range(oh):
+            xrow = oy * s * row
+            for ox in range(0, ow, _WIN):
+                npix = min(_WIN, ow - ox)
+                xo = xrow + ox * s * LANES
+                at = oy * ow + ox
+                if win == 1:
+                    _dwb.window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+                elif win == 2:
+                    _dwb.window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+                elif win == 3:
+                    _dwb.window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+                else:
+                    _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+
     @cfunc(_SIG, nogil=True, cache=True)
     def _dw_items(params, i0, i1):  # pragma: no cover - compiled
         p = carray(_i64p(params), (_DW_N,))
@@ -260,30 +342,40 @@ if HAVE_KERNEL:
         cnt = carray(_f32p(p[10]), (p[11],))
         ep = carray(_f32p(p[12]), (3,))
         _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
-                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], i0, i1)
+                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], i0, i1)
 
     _DW = _dw_items.address
+
+    @njit(nogil=True, cache=True)
+    def _dw_fill(p, ep, x, bias, y, alpha, lo, hi):  # pragma: no cover - compiled
+        p[0], p[1], p[4], p[5] = x.ctypes.data, x.size, bias.ctypes.data, bias.size
+        p[6], p[7] = y.ctypes.data, y.size
+        ep[0], ep[1], ep[2] = alpha, lo, hi
+
+    @njit(nogil=True, cache=True)
+    def _dw_one_thread(p, ep, x, bias, y, alpha, lo, hi, items):  # pragma: no cover
+        _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
+        wt = carray(_f32p(p[2]), (p[3],))
+        toffs = carray(_i64p(p[8]), (p[9],))
+        cnt = carray(_f32p(p[10]), (p[11],))
+        _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
+                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], 0, items)
 
 
 def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _team(threads: int):
-    from . import _conv_split
-    return _conv_split.team_for(threads)
-
-
-def _run(fn: int, params: np.ndarray, items: int, threads: int) -> None:
-    """``fn``'s items over the caller and its partners (one range a thread
-    per :data:`._conv_split.CHUNKS_PER_THREAD`), or on the caller."""
-    team = _team(threads) if threads > 1 and items > 1 else None
+def _run(fn: int, params: np.ndarray, items: int, threads: int, per_thread: int = 0) -> None:
+    """``fn``'s items over the caller and its partners (``per_thread`` ranges
+    a thread; 0: :data:`._conv_split.CHUNKS_PER_THREAD`), or on the caller."""
+    addr = params.ctypes.data
+    team = _conv_split.team_for(threads) if threads > 1 and items > 1 else None
     if team is None:
-        _partner.call_items(fn, params.ctypes.data, 0, items)
+        _partner.call_items(fn, addr, 0, items)
         return
-    from . import _conv_split
-    _partner.run_items(team, fn, params.ctypes.data, items,
-                       max(1, min(items, _conv_split.CHUNKS_PER_THREAD * threads, 4096)),
+    chunks = (per_thread or _conv_split.CHUNKS_PER_THREAD) * threads
+    _partner.run_items(team, fn, addr, items, max(1, min(items, chunks, 4096)),
                        _conv_split.LINGER_CYCLES)
 
 
@@ -313,9 +405,13 @@ def to_blocks(x: np.ndarray, threads: int = 1) -> np.ndarray:
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     y = np.empty(blocked_shape(n, c, h, w), np.float32)
     dst = _identity(h * w)
+    items = n * y.shape[1]
+    if threads <= 1 or items < 2:
+        _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
+        return y
     p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, _addr(dst), dst.size],
                  np.int64)
-    _run(_TO, p, n * y.shape[1], threads)
+    _run(_TO, p, items, threads)
     return y
 
 
@@ -332,6 +428,9 @@ def from_blocks(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
     n, cbn, h, w, _ = x.shape
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     y = np.empty((n, c, h, w), np.float32)
+    if threads <= 1 or n * cbn < 2:
+        _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
+        return y
     p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, 0, 0], np.int64)
     _run(_FROM, p, n * cbn, threads)
     return y
@@ -375,29 +474,46 @@ class ConvCall:
         icb = -(-c // LANES)
         if self.in_place:
             img = icb * h * w * LANES
-            self.xs = None
+            self.xs_size = 0
         else:
             img = (c if planes else icb) * hp * wp * (1 if planes else LANES)
-            self.xs = np.empty(n * img, np.float32)
-        self.in_items = n * (c if planes else icb)
-        chunk = min(_cb.IMAGE_CHUNK if threads <= 1 else
+            self.xs_size = n * img
+        per = c if planes else icb
+        self.in_items = n * per
+        # whole images a thread where there are enough (one post, nothing
+        # shared); else the input items, then (pixels, group) items of all
+        self.images = threads <= 1 or n >= threads
+        chunk = min(_cb.IMAGE_CHUNK if self.images else
                     _cb.chunk_pixels(ohw, ng * n, threads), -(-ohw // LANES) * LANES)
         nchunks = -(-ohw // chunk)
         self.tile_items = n * nchunks * ng
+        self.n = n
         self.threads = threads
         self._keep = (wt, groups, toffs, pix, dst, geo)
-        self.ep = np.zeros(3, np.float32)
         p = np.zeros(_CONV_N, np.int64)
         p[4], p[5], p[6], p[7] = _addr(wt), wt.size, _addr(groups), ng
         p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(pix), pix.size
-        p[19] = _addr(self.ep)
         p[20:33] = (ocb, m, ohw, chunk, nchunks, img, h, w, pt, pl, hp, wp,
                     c if planes else icb)
         p[33] = int(bool(planes))
         p[34], p[35], p[36], p[37] = _addr(dst), dst.size, _addr(geo), c
-        if self.xs is not None:
-            p[2], p[3] = _addr(self.xs), self.xs.size
+        p[38], p[39] = per, int(self.xs_size > 0)
         self.params = p
+        # parameter blocks (with their epilogue floats and input scratch) of
+        # the calls not running now: concurrent runs of a session each take one
+        self._free: list = []
+
+    def _block(self):
+        try:
+            return self._free.pop()
+        except IndexError:
+            p = self.params.copy()
+            ep = np.zeros(3, np.float32)
+            p[19] = _addr(ep)
+            xs = np.empty(self.xs_size, np.float32) if self.xs_size else None
+            if xs is not None:
+                p[2], p[3] = _addr(xs), xs.size
+            return p, ep, xs
 
     def __call__(self, x: np.ndarray, bias: np.ndarray, z: np.ndarray | None, alpha, lo,
                  hi) -> np.ndarray:
@@ -406,18 +522,22 @@ class ConvCall:
         :attr:`y_shape` (C-contiguous); the epilogue's floats. A new blocked
         ``y``."""
         y = np.empty(self.y_shape, np.float32)
-        p = self.params
-        self.ep[0], self.ep[1], self.ep[2] = alpha, lo, hi
-        p[0], p[1] = _addr(x), x.size
-        if self.xs is None:
-            p[2], p[3] = p[0], p[1]
-        p[12], p[13] = _addr(bias), bias.size
-        zz = y if z is None else z
-        p[14], p[15], p[16] = _addr(zz), zz.size, 0 if z is None else 1
-        p[17], p[18] = _addr(y), y.size
-        if self.xs is not None:
-            _run(_CONV_IN, p, self.in_items, self.threads)
-        _run(_CONV_TILES, p, self.tile_items, self.threads)
+        has_z = z is not None
+        if not has_z:
+            z = y
+        blk = self._block()
+        p, ep = blk[0], blk[1]
+        if self.threads <= 1:
+            _conv_one_thread(p, ep, x, bias, z, has_z, y, alpha, lo, hi, self.n)
+        else:
+            _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi)
+            if self.images:
+                _run(_CONV_IMAGES, p, self.n, self.threads, 1)
+            else:
+                if self.xs_size:
+                    _run(_CONV_IN, p, self.in_items, self.threads)
+                _run(_CONV_TILES, p, self.tile_items, self.threads)
+        self._free.append(blk)
         return y
 
 
@@ -457,23 +577,31 @@ class DepthwiseCall:
         self.y_shape = (n, cbn, oh, ow, LANES)
         self.items = n * cbn
         self.threads = threads
-        self.ep = np.zeros(3, np.float32)
         self._keep = (wt, toffs, cnt)
         p = np.zeros(_DW_N, np.int64)
         p[2], p[3] = _addr(wt), wt.size
         p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(cnt), cnt.size
-        p[12] = _addr(self.ep)
-        p[13:26] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c)
+        win = _dwb.window_kind(kernel, strides, dilations) if mode == 0 and WINDOWS else 0
+        p[13:27] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win)
         self.params = p
+        self._free: list = []  # (parameter block, epilogue floats) not in use
 
     def __call__(self, x: np.ndarray, bias: np.ndarray | None, alpha=1.0, lo=-np.inf,
                  hi=np.inf) -> np.ndarray:
         """``x`` float32 C-contiguous of :attr:`x_shape`, ``bias`` the padded
         ``(CB * 16,)`` float32 (mode 0)."""
         y = np.empty(self.y_shape, np.float32)
-        p = self.params
-        self.ep[0], self.ep[1], self.ep[2] = alpha, lo, hi
-        b = self.ep if bias is None else bias
-        p[0], p[1], p[4], p[5], p[6], p[7] = _addr(x), x.size, _addr(b), b.size, _addr(y), y.size
-        _run(_DW, p, self.items, self.threads)
+        try:
+            p, ep = self._free.pop()
+        except IndexError:
+            p, ep = self.params.copy(), np.zeros(3, np.float32)
+            p[12] = _addr(ep)
+        b = ep if bias is None else bias
+        a, l_, h_ = np.float32(alpha), np.float32(lo), np.float32(hi)
+        if self.threads <= 1:
+            _dw_one_thread(p, ep, x.reshape(-1), b, y.reshape(-1), a, l_, h_, self.items)
+        else:
+            _dw_fill(p, ep, x, b, y, a, l_, h_)
+            _run(_DW, p, self.items, self.threads)
+        self._free.append((p, ep))
         return y

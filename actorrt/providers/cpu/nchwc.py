@@ -256,14 +256,18 @@ class NchwcConv(Kernel):
         return _nchwc.DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil, pb,
                                     out, 0, None, threads)
 
+    def _bias_for(self, b):
+        if b is not None and b is self._bias_const:
+            return self._bias
+        return self._pad_bias(b if b is not None else np.zeros(self._w.shape[0], np.float32))
+
     def run(self, x, w, b=None, z=None):
         if self._w is None or w.shape != self._w.shape:
             raise ValueError(f"NchwcConv {self.node.name!r} needs its constant weight "
                              f"{None if self._w is None else self._w.shape}, got {w.shape}")
         call = self._calls.get(x.shape, _threads())
         x = np.ascontiguousarray(x, np.float32)
-        bias = self._bias if b is not None and b is self._bias_const else \
-            self._pad_bias(b if b is not None else np.zeros(w.shape[0], np.float32))
+        bias = self._bias_for(b)
         alpha, lo, hi = self._ep
         if self._group != 1:
             return call(x, bias, alpha, lo, hi)
@@ -273,6 +277,30 @@ class NchwcConv(Kernel):
                                  f"output {call.y_shape}")
             z = np.ascontiguousarray(z, np.float32)
         return call(x, bias, z, alpha, lo, hi)
+
+    def compile(self):
+        """:meth:`run` with the common case first: a C-contiguous float32 X
+        of a shape seen before, the constant bias, no Z (a depthwise or
+        one-group call straight to the kept call)."""
+        get, run, threads = self._calls.get, self.run, _threads
+        bias_const, depthwise = self._bias_const, self._group != 1
+        alpha, lo, hi = self._ep
+        f32 = np.dtype(np.float32)
+
+        if self._w is None:
+            return run
+        bias = self._bias if bias_const is not None else self._bias_for(None)
+        w_shape = self._w.shape
+
+        def nchwc_conv(x, w, b=None, z=None):
+            if z is not None or b is not bias_const or x.dtype is not f32 or \
+                    not x.flags.c_contiguous or w.shape != w_shape:
+                return run(x, w, b, z)
+            call = get(x.shape, threads())
+            if depthwise:
+                return call(x, bias, alpha, lo, hi)
+            return call(x, bias, None, alpha, lo, hi)
+        return nchwc_conv
 
 
 @cpu_kernel("NchwcPool", domain="ai.actorrt")

@@ -10,7 +10,7 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
 
 * ``0`` ``ORT_DISABLE_ALL`` / ``"disabled"``: no rewrites.
 * ``1`` ``ORT_ENABLE_BASIC`` / ``"basic"``: semantics-preserving folds into
-  standard ops: Transpose pairs, Reshape chains, 2-D Transposes into Gemm's
+  standard ops: Identity and inference Dropout removed, Transpose pairs, Reshape chains, 2-D Transposes into Gemm's
   transA / transB (:mod:`.transformer`); Conv + BatchNormalization /
   per-channel Mul / Add (:mod:`.conv`).
 * ``2`` ``ORT_ENABLE_EXTENDED`` / ``"extended"``: also fusions into contrib /
@@ -64,6 +64,7 @@ LEVELS = {"ORT_DISABLE_ALL": 0, "ORT_ENABLE_BASIC": 1, "ORT_ENABLE_EXTENDED": 2,
 #: (level at which it runs, pass) in order
 PASSES: tuple[tuple[int, Callable[[OptContext], None]], ...] = (
     (1, transformer.cancel_transposes),
+    (1, transformer.eliminate_identities),
     (1, transformer.collapse_reshapes),
     (1, transformer.fold_transpose_into_gemm),
     (1, conv.fold_conv_affine),

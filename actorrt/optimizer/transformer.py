@@ -1,4 +1,10 @@
-"""Transformer passes (extended level): the patterns PyTorch's exporters emit.
+"""Transformer passes (extended level): the patterns PyTorch's exporters emit;
+and two basic-level cleanups.
+
+* :func:`eliminate_identities` (basic) -- ``Identity`` and inference
+  ``Dropout`` (no training mode, mask unused) removed, their readers reading
+  the input. Pre: the output is no graph output and no reader's subgraph
+  captures it.
 
 * :func:`fuse_gelu` -- ``x * 0.5 * (1 + Erf(x / sqrt(2)))`` in its exported
   orders (``Div`` by sqrt(2) or ``Mul`` by 1/sqrt(2); the 0.5 applied to ``x``,
@@ -61,7 +67,7 @@ from ..providers._contract import NodeSpec
 from ._graph import OptContext
 from .conv import ENGINE_DOMAIN, MS, activation_of
 
-__all__ = ["fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm",
+__all__ = ["eliminate_identities", "fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm",
            "fuse_view_pairs", "cancel_transposes", "collapse_reshapes",
            "fold_transpose_into_gemm"]
 
@@ -314,6 +320,53 @@ def _perm(ctx: OptContext, t: NodeSpec) -> list[int] | None:
 def _unary(s: NodeSpec | None, op: str) -> bool:
     return s is not None and s.domain == "" and s.op_type == op and len(s.outputs) == 1 \
         and bool(s.inputs) and bool(s.inputs[0])
+
+
+def _identity_input(ctx: OptContext, s: NodeSpec) -> str | None:
+    """The input an ``Identity`` or an inference ``Dropout`` (no training mode,
+    its mask unused) passes through, else None."""
+    if s.domain != "" or not s.inputs or not s.inputs[0] or not s.outputs or not s.outputs[0]:
+        return None
+    if s.op_type == "Identity":
+        return s.inputs[0]
+    if s.op_type != "Dropout" or not ctx.only_first_output_used(s):
+        return None
+    if len(s.inputs) > 2 and s.inputs[2]:
+        mode = ctx.const(s.inputs[2])
+        if mode is None or mode.size != 1 or bool(mode.reshape(-1)[0]):
+            return None
+    return s.inputs[0]
+
+
+def eliminate_identities(ctx: OptContext) -> None:
+    """``Identity`` and inference ``Dropout`` nodes whose output is not a graph
+    output: their readers read the input instead (onnxruntime's
+    EliminateIdentity / EliminateDropout). Pre: no reader captures the
+    output in a subgraph."""
+    i = 0
+    while i < len(ctx.specs):  # a rewired reader replaces its node: walk the live list
+        s = ctx.specs[i]
+        i += 1
+        x = _identity_input(ctx, s)
+        y = s.outputs[0] if x is not None else None
+        if x is None or y in ctx.protected or x == y:
+            continue
+        readers = ctx.consumers.get(y, [])
+        if any(y in r.outer_scope or r.outer_scope for r in readers):
+            continue
+        ids = {id(r) for r in readers}
+        out = []
+        for r in ctx.specs:
+            if r is s:
+                continue
+            if id(r) in ids:
+                r = ctx.make(r, r.op_type, r.domain, [x if v == y else v for v in r.inputs],
+                             r.outputs, r.attrs, name=r.name, opset=r.opset)
+            out.append(r)
+        ctx.specs = out
+        ctx.fusions.append((s.name + "/eliminated", (s.name,)))
+        ctx.reindex()
+        i -= 1  # the node at i was removed
 
 
 def cancel_transposes(ctx: OptContext) -> None:

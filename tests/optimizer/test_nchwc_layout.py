@@ -121,6 +121,8 @@ def test_residual_stem_depthwise_and_graph_outputs(threads):
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[1, 1])),
     ("MaxPool", dict(kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 1, 2, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
     ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 0, 2, 1], count_include_pad=1)),
     ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 2])),

@@ -41,8 +41,12 @@ __all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", 
 
 LANES = 16
 #: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
-#: (else its tap loop)
+#: (else its tap loop; unrolled MaxPool windows measured 1.5x slower than the
+#: tap loop on 3x3 / 2 64 x 111 x 111 and were dropped)
 WINDOWS = True
+#: input bytes of a band of output rows that the depthwise / pool kernels pad
+#: and read at a time (kept in L2 instead of a padded copy of the whole block)
+BAND_BYTES = 1 << 16
 #: numba, AVX-512 and the compiled partner hook
 HAVE_KERNEL = bool(_cb.HAVE_KERNEL and _dwb.HAVE_KERNEL and _partner.AVAILABLE)
 
@@ -259,22 +263,25 @@ if HAVE_KERNEL:
 
     # ------------------------------------------------- depthwise and pools
     # params: x, wt, bias, y, toffs, cnt (address, size each), ep, mode, CB,
-    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m, window kind
-    _DW_N = 27
+    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m, window kind, kh, dh, band rows
+    _DW_N = 30
 
     @njit(nogil=True, cache=True)
     def _dw_range(x, wt, bias, y, toffs, cnt, ep, mode, cbn, h, w, oh, ow, sh, sw, pt, pl,
-                  hp, wp, m, win, start, stop):  # pragma: no cover - compiled
-        """Blocks ``[start, stop)`` (over every image's): the block into a
-        padded scratch (pads 0, MaxPool ``-inf``), then every output row in
-        steps of :data:`._dw_blocked.PIXELS` pixels stored to ``y``'s block.
-        ``mode``: 0 the depthwise conv with its epilogue, 1 MaxPool, 2
-        AveragePool (``cnt``: each output pixel's divisor); ``win`` (mode 0)
-        the unrolled window of :func:`._dw_blocked.window_kind`, 0 the tap
-        loop."""
+                  hp, wp, m, win, kh, dh, band, start, stop):  # pragma: no cover - compiled
+        """Blocks ``[start, stop)`` (over every image's), in bands of ``band``
+        output rows: the band's input rows into a padded scratch (pads 0,
+        MaxPool ``-inf``; kept in cache), then its output rows stored to
+        ``y``'s block. ``mode``: 0 the depthwise conv with its epilogue, 1
+        MaxPool, 2 AveragePool (``cnt``: each output pixel's divisor);
+        ``win`` (mode 0) the unrolled window of
+        :func:`._dw_blocked.window_kind`, 0 the tap loop (steps of
+        :data:`._dw_blocked.PIXELS` pixels)."""
+        fill = -np.inf if mode == 1 else 0.0
+        brows = (band - 1) * sh + (kh - 1) * dh + 1
+        wrow = wp * LANES
         # slack past the last row: the windows' pixels past a row's end read on
-        xs = np.full(hp * wp * LANES + (_WIN * 2 + 5) * LANES, -np.inf if mode == 1 else 0.0,
-                     np.float32)
+        xs = np.full(brows * wrow + (_WIN * 2 + 5) * LANES, fill, np.float32)
         ohw = oh * ow
         kk = toffs.size
         row = w * LANES
@@ -282,42 +289,52 @@ if HAVE_KERNEL:
         for t in range(start, stop):
             cb = t % cbn
             src = x[t * h * row:(t + 1) * h * row]
-            for iy in range(h):
-                _copy(xs, ((iy + pt) * wp + pl) * LANES, src, iy * row, row)
             yo = t * ohw
             yb = y[yo * LANES:(yo + ohw) * LANES]
-            if win:
-                _window_rows(xs, wt, bias, yb, cb * kk * LANES, cb * LANES, oh, ow, sh,
-                             wp * LANES, win, alpha, lo, hi)
-                oh_loop = 0
-            else:
-                oh_loop = oh
-            for oy in range(oh_loop):
-                xrow = oy * sh * wp * LANES
-                for ox in range(0, ow, _PIX):
-                    npix = min(_PIX, ow - ox)
-                    at = oy * ow + ox
-                    if mode == 0:
-                        _dwb.pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk, wt,
-                                    cb * kk * LANES, bias, cb * LANES, yb, 0, 0, LANES, yb, 0,
-                                    alpha, lo, hi, yb, at)
-                    elif mode == 1:
-                        _dwb.max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
-                                        cnt, yb, at)
+            for oy0 in range(0, oh, band):
+                oy1 = min(oh, oy0 + band)
+                iy0 = oy0 * sh - pt
+                nrows = (oy1 - oy0 - 1) * sh + (kh - 1) * dh + 1
+                for r in range(nrows):
+                    iy = iy0 + r
+                    rb = r * wrow
+                    if 0 <= iy < h:
+                        xs[rb:rb + pl * LANES] = fill
+                        _copy(xs, rb + pl * LANES, src, iy * row, row)
+                        xs[rb + pl * LANES + row:rb + wrow] = fill
                     else:
-                        _dwb.avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
-                                        cnt, yb, at)
+                        xs[rb:rb + wrow] = fill
+                if win:
+                    _window_rows(xs, wt, bias, yb, cb * kk * LANES, cb * LANES, oy0, oy1, ow, sh,
+                                 wrow, win, alpha, lo, hi)
+                else:
+                    for oy in range(oy0, oy1):
+                        xrow = (oy - oy0) * sh * wrow
+                        for ox in range(0, ow, _PIX):
+                            npix = min(_PIX, ow - ox)
+                            at = oy * ow + ox
+                            if mode == 0:
+                                _dwb.pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs,
+                                            kk, wt, cb * kk * LANES, bias, cb * LANES, yb, 0, 0,
+                                            LANES, yb, 0, alpha, lo, hi, yb, at)
+                            elif mode == 1:
+                                _dwb.max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix,
+                                                toffs, kk, cnt, yb, at)
+                            else:
+                                _dwb.avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix,
+                                                toffs, kk, cnt, yb, at)
             nvalid = m - cb * LANES
             if mode == 0 and nvalid < LANES:  # the padded lanes' epilogue of 0
                 for i in range(ohw):
                     y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
 
     @njit(nogil=True, cache=True)
-    def _window_rows(xs, wt, bias, yb, wo, bo, oh, ow, s, row, win, alpha, lo,
+    def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, alpha, lo,
                      hi):  # pragma: no cover - compiled
-        """Every output row of one block by the unrolled window ``win``."""
-        for oy in range(oh):
-            xrow = oy * s * row
+        """Output rows ``[oy0, oy1)`` of one block (the scratch's band from
+        ``oy0``) by the unrolled window ``win``."""
+        for oy in range(oy0, oy1):
+            xrow = (oy - oy0) * s * row
             for ox in range(0, ow, _WIN):
                 npix = min(_WIN, ow - ox)
                 xo = xrow + ox * s * LANES
@@ -342,7 +359,8 @@ if HAVE_KERNEL:
         cnt = carray(_f32p(p[10]), (p[11],))
         ep = carray(_f32p(p[12]), (3,))
         _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
-                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], i0, i1)
+                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28], p[29],
+                  i0, i1)
 
     _DW = _dw_items.address
 
@@ -359,7 +377,8 @@ if HAVE_KERNEL:
         toffs = carray(_i64p(p[8]), (p[9],))
         cnt = carray(_f32p(p[10]), (p[11],))
         _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
-                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], 0, items)
+                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28], p[29],
+                  0, items)
 
 
 def _addr(a: np.ndarray) -> int:
@@ -581,8 +600,11 @@ class DepthwiseCall:
         p = np.zeros(_DW_N, np.int64)
         p[2], p[3] = _addr(wt), wt.size
         p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(cnt), cnt.size
-        win = _dwb.window_kind(kernel, strides, dilations) if mode == 0 and WINDOWS else 0
-        p[13:27] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win)
+        win = 0
+        if WINDOWS and mode == 0:
+            win = _dwb.window_kind(kernel, strides, dilations)
+        band = max(1, BAND_BYTES // (sh * wp * LANES * 4))
+        p[13:30] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win, kh, dh, band)
         self.params = p
         self._free: list = []  # (parameter block, epilogue floats) not in use
 

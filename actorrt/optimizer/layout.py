@@ -130,10 +130,9 @@ def _concat_ok(ctx: OptContext, s: NodeSpec) -> bool:
 def nchwc_layout(ctx: OptContext) -> None:
     """Chains of blocked-kernel convolutions and pools -> NCHWc ops (module
     docstring)."""
-    try:
-        from ..providers.cpu import nchwc as nc
-    except ImportError:  # pragma: no cover - the CPU provider always ships
-        return
+    if not any(s.op_type in ("Conv", "FusedConv") for s in ctx.specs):
+        return  # (and numba stays unloaded for models without convolutions)
+    from ..providers.cpu import nchwc as nc
     if not nc.available():
         return
     kind: dict[int, str] = {}

@@ -32,23 +32,28 @@ import numpy as np
 
 from ... import tracing
 from .._contract import Kernel, NodeSpec, require
-from . import _nchwc
 from ._conv_util import conv_geometry, decode_str, spatial_params
 from .registry import cpu_kernel
 
 __all__ = ["available", "conv_kind", "pool_applies", "ReorderInput", "ReorderOutput",
            "NchwcConv", "NchwcPool"]
 
-LANES = _nchwc.LANES
+LANES = 16
 #: channels filling at least this share of their 16-lane blocks
 MIN_FILL = 0.75
 #: stems (NCHW input) of at most this many channels
 STEM_MAX_CHANNELS = 8
 
 
+def _kernels():
+    """:mod:`._nchwc` (imported on first use: it loads numba)."""
+    from . import _nchwc
+    return _nchwc
+
+
 def available() -> bool:
     """Whether this host has the NCHWc kernels (numba, AVX-512, partners)."""
-    return _nchwc.HAVE_KERNEL
+    return _kernels().HAVE_KERNEL
 
 
 def _fills(c: int) -> bool:
@@ -124,7 +129,7 @@ class ReorderInput(Kernel):
         _require_kernels(node)
 
     def run(self, x):
-        y = _nchwc.to_blocks(np.asarray(x, np.float32), _threads())
+        y = _kernels().to_blocks(np.asarray(x, np.float32), _threads())
         tracing.kernel_variant("layout", "nchwc", "reorder input")
         return y
 
@@ -145,7 +150,7 @@ class ReorderOutput(Kernel):
         self._c = int(node.attr("channels", 0))
 
     def run(self, x):
-        return _nchwc.from_blocks(x, self._c, _threads())
+        return _kernels().from_blocks(x, self._c, _threads())
 
 
 class _Calls:
@@ -251,9 +256,9 @@ class NchwcConv(Kernel):
         kernel, strides, dil, out, pb, _ = geometry(self.node.attr, nchw, w.shape)
         if self._group == 1:
             wt, groups = self._packed
-            return _nchwc.ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel, strides,
+            return _kernels().ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel, strides,
                                    dil, pb, out, self._nchw, threads)
-        return _nchwc.DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil, pb,
+        return _kernels().DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil, pb,
                                     out, 0, None, threads)
 
     def _bias_for(self, b):
@@ -338,7 +343,7 @@ class NchwcPool(Kernel):
             counts = tuple(_counts(nchw[2 + i], kernel[i], strides[i], pb[i], pe[i], out[i],
                                    bool(int(self.node.attr("count_include_pad", 0))))
                            for i in range(2))
-        return _nchwc.DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
+        return _kernels().DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
                                     1 if self._max else 2, counts, threads)
 
     def run(self, x):

@@ -11,14 +11,16 @@ weight, static shapes, an epilogue of none / Relu / LeakyRelu / Clip, and
 shapes the blocked kernels take (:func:`actorrt.providers.cpu.nchwc.conv_kind`);
 or a 2-D ``MaxPool`` / ``AveragePool`` with static shapes, ``ceil_mode`` 0
 (MaxPool: its ``Indices`` output unused; AveragePool: dilations 1); or a
-``Concat`` along the channels of values of multiples of 16 channels. Such
+``Concat`` along the channels of values of multiples of 16 channels; or an
+``ai.actorrt:ChannelAffine`` (a folded BatchNormalization, densenet's
+pre-activation) with an epilogue of none / Relu / LeakyRelu / Clip. Such
 nodes are rewritten by connected groups (linked by the values they would
 read as blocks) holding at least :data:`MIN_CONVS` convolutions: a lone
-convolution keeps its own per-call blocking, pools and Concats alone stay
-NCHW.
+convolution keeps its own per-call blocking, pools, Concats and affines
+alone stay NCHW.
 
-Post: each rewritten node is an ``ai.actorrt:NchwcConv`` / ``NchwcPool``
-(:mod:`actorrt.providers.cpu.nchwc`) or a ``Concat`` along the blocks' axis 1,
+Post: each rewritten node is an ``ai.actorrt:NchwcConv`` / ``NchwcPool`` /
+``NchwcAffine`` (:mod:`actorrt.providers.cpu.nchwc`) or a ``Concat`` along the blocks' axis 1,
 whose output is the blocked value
 ``<name>/nchwc`` of shape ``(N, ceil(C/16), H, W, 16)``; a blocked input
 whose producer was not rewritten comes from one ``ai.actorrt:ReorderInput``
@@ -112,6 +114,21 @@ def _pool_ok(ctx: OptContext, s: NodeSpec, nc) -> bool:
     return (xs[0], xs[1]) + tuple(out) == ys and nc.pool_applies(xs, out)
 
 
+def _affine_ok(ctx: OptContext, s: NodeSpec, nc) -> bool:
+    """``ai.actorrt:ChannelAffine`` with constant ``a``, ``t`` on a static 4-D
+    float32 value, an activation the blocked epilogue has."""
+    if s.op_type != "ChannelAffine" or s.domain != ENGINE or len(s.inputs) != 3:
+        return False
+    xs = _static(ctx, s.inputs[0])
+    a, t = ctx.const(s.inputs[1]), ctx.const(s.inputs[2])
+    if xs is None or len(xs) != 4 or a is None or t is None or a.size != xs[1] or \
+            t.size != xs[1] or _static(ctx, s.outputs[0]) != xs:
+        return False
+    act = s.attr("activation", b"")
+    act = act.decode() if isinstance(act, bytes) else str(act)
+    return nc.affine_applies(xs, act, s.attr("activation_params"))
+
+
 def _concat_ok(ctx: OptContext, s: NodeSpec) -> bool:
     """A channel Concat of 4-D static float32 values, each a multiple of 16
     channels (blocks concatenated along axis 1 are the blocked result)."""
@@ -142,6 +159,8 @@ def nchwc_layout(ctx: OptContext) -> None:
             k = "pool"
         if k is None and _concat_ok(ctx, s):
             k = "concat"
+        if k is None and _affine_ok(ctx, s, nc):
+            k = "affine"
         if k is not None:
             kind[id(s)] = k
     if not kind:
@@ -153,7 +172,7 @@ def nchwc_layout(ctx: OptContext) -> None:
         if k == "concat":
             return list(s.inputs)
         ins = [] if k == "stem" else [s.inputs[0]]
-        if k != "pool" and len(s.inputs) > 3 and s.inputs[3]:
+        if k in ("conv", "depthwise", "stem") and len(s.inputs) > 3 and s.inputs[3]:
             ins.append(s.inputs[3])
         return ins
 
@@ -175,7 +194,7 @@ def nchwc_layout(ctx: OptContext) -> None:
                 parent[root(i)] = root(id(p))
     convs: dict[int, int] = {}
     for i in by_id:
-        if kind[i] not in ("pool", "concat"):
+        if kind[i] not in ("pool", "concat", "affine"):
             convs[root(i)] = convs.get(root(i), 0) + 1
     for i in list(by_id):
         if convs.get(root(i), 0) < MIN_CONVS:
@@ -212,7 +231,10 @@ def nchwc_layout(ctx: OptContext) -> None:
         xs = _static(ctx, s.inputs[0])
         attrs = {key: val for key, val in s.attrs.items() if key not in ("storage_order",)}
         attrs["channels"] = xs[1]
-        if k == "pool":
+        if k == "affine":
+            new = ctx.make(s, "NchwcAffine", ENGINE, [blocked[s.inputs[0]]] + list(s.inputs[1:]),
+                           [yb], attrs, opset=1)
+        elif k == "pool":
             attrs["mode"] = "max" if s.op_type == "MaxPool" else "avg"
             new = ctx.make(s, "NchwcPool", ENGINE, [blocked[s.inputs[0]]], [yb], attrs, opset=1)
         else:

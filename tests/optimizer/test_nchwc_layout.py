@@ -182,3 +182,45 @@ def test_wrong_input_shape_is_a_named_error():
     with actorrt.InferenceSession(model) as s:
         with pytest.raises(actorrt.ActorRTError):
             s.run(None, {"x": np.zeros((1, 16, 8, 8), np.float32)})
+
+
+def _bn(name, x, y, c):
+    nodes = [helper.make_node("BatchNormalization", [x, f"{name}_s", f"{name}_b", f"{name}_m",
+                                                     f"{name}_v"], [y], epsilon=1e-5)]
+    inits = [numpy_helper.from_array((RNG.random(c) + 0.5).astype(np.float32), f"{name}_s"),
+             numpy_helper.from_array(RNG.standard_normal(c).astype(np.float32) * 0.1, f"{name}_b"),
+             numpy_helper.from_array(RNG.standard_normal(c).astype(np.float32) * 0.1, f"{name}_m"),
+             numpy_helper.from_array((RNG.random(c) + 0.5).astype(np.float32), f"{name}_v")]
+    return nodes, inits
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_densenet_style_pre_activation_block(threads):
+    # concat -> BN + Relu -> 1x1 conv -> BN + Relu -> 3x3 conv -> concat, twice:
+    # the BatchNormalization + Relu pairs (ChannelAffine) stay blocked too
+    c0, growth, mid = 32, 16, 40
+    nodes, inits = [], []
+    feats = ["x"]
+    cin = c0
+    for i in range(2):
+        cat = feats[0] if len(feats) == 1 else f"cat{i}"
+        if len(feats) > 1:
+            nodes.append(helper.make_node("Concat", list(feats), [cat], axis=1))
+        n1, i1 = _bn(f"bn{i}a", cat, f"n{i}a", cin)
+        n2, i2 = _bn(f"bn{i}b", f"c{i}a", f"n{i}b", mid)
+        nodes += n1 + [helper.make_node("Relu", [f"n{i}a"], [f"r{i}a"]),
+                       _conv(f"r{i}a", f"w{i}a", f"c{i}a", None, kernel_shape=[1, 1])]
+        nodes += n2 + [helper.make_node("LeakyRelu", [f"n{i}b"], [f"r{i}b"], alpha=0.1),
+                       _conv(f"r{i}b", f"w{i}b", f"f{i}", None, kernel_shape=[3, 3],
+                             pads=[1, 1, 1, 1])]
+        inits += i1 + i2 + [_w(f"w{i}a", (mid, cin, 1, 1)), _w(f"w{i}b", (growth, mid, 3, 3))]
+        feats.append(f"f{i}")
+        cin += growth
+    nodes.append(helper.make_node("Concat", list(feats), ["y"], axis=1))
+    model = _model(nodes, [2, c0, 9, 10], inits)
+    x = RNG.standard_normal((2, c0, 9, 10)).astype(np.float32)
+    got, ops = _ours(model, {"x": x}, threads)
+    # (the BatchNormalization after each 1x1 conv folds into it)
+    assert ops.count("NchwcAffine") == 2 and ops.count("NchwcConv") == 4
+    assert ops.count("ReorderInput") == 1 and ops.count("ReorderOutput") == 1
+    _close(got, _want(model, {"x": x}))

@@ -19,6 +19,8 @@ the blocks directly, so only the chain's ends are transposed.
   pixels while they are in cache.
 * :class:`DepthwiseCall` -- a depthwise conv, MaxPool or AveragePool,
   blocked in and out (:mod:`._dw_blocked`'s pixel steps).
+* :func:`channel_affine` -- ``act(x * a[c] + t[c])`` (BatchNormalization
+  folded to a per-channel affine, with its activation), blocked in and out.
 
 Every call runs its items on the compiled partners of :mod:`._partner` at
 more than one thread (one post a phase), else on the caller; an item's
@@ -37,7 +39,7 @@ from . import _dw_blocked as _dwb
 from . import _partner
 
 __all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", "ConvCall",
-           "DepthwiseCall"]
+           "DepthwiseCall", "channel_affine"]
 
 LANES = 16
 #: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
@@ -69,6 +71,74 @@ if HAVE_KERNEL:
     _PIX = _dwb.PIXELS
     _WIN = _dwb.WINDOW_PIXELS
     _KB = _cb.K_BLOCK_BYTES
+
+    from llvmlite import ir as _ir
+    from numba import types as _nbt
+    from numba.extending import intrinsic as _intrinsic
+
+    #: pixel vectors a call of :func:`_affine4`
+    _AFF = 4
+
+    @_intrinsic
+    def _affine4(typingctx, x, x_off, y, a, t, c_off, alpha, lo, hi, count, nvalid):
+        """Pixel vectors ``i < count`` (at most 4) from ``x[x_off + 16 i :
+        +16]``: ``v = x * a[c_off : +16] + t[c_off : +16]``, ``where(v < 0,
+        alpha * v, v)`` clamped to ``[lo, hi]``, lanes from ``nvalid`` 0,
+        stored to ``y`` at the same offsets."""
+        if any(getattr(v, "dtype", None) != _nbt.float32 for v in (x, y, a, t)) or \
+                any(f != _nbt.float32 for f in (alpha, lo, hi)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            xa, ya, aa, ta = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                              for i in (0, 2, 3, 4))
+            x_off, c_off, count, nvalid = (_ct.as_i64(builder, args[i]) for i in (1, 5, 9, 10))
+            i64 = _ir.IntType(64)
+            vf = _ir.VectorType(_ir.FloatType(), LANES)
+            zero = _ir.Constant(vf, [0.0] * LANES)
+            av = builder.load(_ct.vec_ptr(builder, aa, c_off, LANES), align=4)
+            tv = builder.load(_ct.vec_ptr(builder, ta, c_off, LANES), align=4)
+            alv, lov, hiv = (_ct.splat(builder, v, LANES) for v in args[6:9])
+            keep = builder.icmp_signed("<", _ir.Constant(_ir.VectorType(i64, LANES),
+                                                         list(range(LANES))),
+                                       _ct.splat(builder, nvalid, LANES))
+            for i in range(_AFF):
+                with builder.if_then(builder.icmp_signed("<", i64(i), count), likely=True):
+                    at = builder.add(x_off, i64(i * LANES))
+                    v = builder.load(_ct.vec_ptr(builder, xa, at, LANES), align=4)
+                    v = builder.fadd(builder.fmul(v, av), tv)
+                    v = builder.select(builder.fcmp_ordered("<", v, zero), builder.fmul(v, alv), v)
+                    v = builder.select(builder.fcmp_ordered("<", v, lov), lov, v)
+                    v = builder.select(builder.fcmp_ordered(">", v, hiv), hiv, v)
+                    builder.store(builder.select(keep, v, zero),
+                                  _ct.vec_ptr(builder, ya, at, LANES), align=4)
+            return context.get_dummy_value()
+        return (_nbt.void(x, x_off, y, a, t, c_off, alpha, lo, hi, count, nvalid), codegen)
+
+    @njit(nogil=True, cache=True)
+    def _affine_range(x, a, t, y, ep, hw, cbn, c, start, stop):  # pragma: no cover - compiled
+        """Blocks ``[start, stop)`` (over every image's) of blocked ``x``:
+        :func:`_affine4` on every pixel vector into ``y``."""
+        alpha, lo, hi = ep[0], ep[1], ep[2]
+        for blk in range(start, stop):
+            b = blk % cbn
+            base = blk * hw * LANES
+            nv = min(LANES, c - b * LANES)
+            for i in range(0, hw, _AFF):
+                _affine4(x, base + i * LANES, y, a, t, b * LANES, alpha, lo, hi,
+                         min(_AFF, hw - i), nv)
+
+    # params: x, a, t, y (address, size each), ep, hw, CB, c
+    _AFF_N = 12
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _affine_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_AFF_N,))
+        _affine_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                      carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)),
+                      carray(_f32p(p[8]), (3,)), p[9], p[10], p[11], i0, i1)
+
+    _AFFINE = _affine_items.address
 
     # ------------------------------------------------------------ reorders
     # params: x, y (address, size each), c, hw, dst (address, size)
@@ -558,6 +628,25 @@ class ConvCall:
                 _run(_CONV_TILES, p, self.tile_items, self.threads)
         self._free.append(blk)
         return y
+
+
+def channel_affine(x: np.ndarray, a: np.ndarray, t: np.ndarray, c: int, alpha, lo, hi,
+                   threads: int = 1) -> np.ndarray:
+    """``act(x * a[c] + t[c])`` on blocked float32 ``x (N, CB, H, W, 16)`` of
+    ``c`` channels, ``a`` / ``t`` padded ``(CB * 16,)`` float32, the
+    epilogue ``min(max(where(v < 0, alpha*v, v), lo), hi)``: a new blocked
+    array, lanes past ``c`` zero."""
+    n, cbn, h, w, _ = x.shape
+    y = np.empty(x.shape, np.float32)
+    ep = np.array([alpha, lo, hi], np.float32)
+    items = n * cbn
+    if threads <= 1 or items < 2:
+        _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
+        return y
+    p = np.array([_addr(x), x.size, _addr(a), a.size, _addr(t), t.size, _addr(y), y.size,
+                  _addr(ep), h * w, cbn, c], np.int64)
+    _run(_AFFINE, p, items, threads)
+    return y
 
 
 class DepthwiseCall:

@@ -18,6 +18,8 @@ ends are transposed:
   of at most 8 channels) NCHW; ``Z`` a blocked residual of Y's shape; Y
   blocked ``(N, ceil(M/16), OH, OW, 16)``: ``act(conv(X, W) + B + Z)``. One
   group, or depthwise (``group == C == M``, no ``Z``).
+* ``NchwcAffine(X, a, t) -> Y``: ``ai.actorrt:ChannelAffine`` (a folded
+  BatchNormalization and its activation) on blocks; attribute ``channels``.
 * ``NchwcPool(X) -> Y``, attributes of MaxPool / AveragePool (2-D, no
   ``ceil_mode``, ``storage_order`` 0) plus ``mode`` (``"max"`` / ``"avg"``)
   and ``channels``: blocked in and out.
@@ -35,8 +37,8 @@ from .._contract import Kernel, NodeSpec, require
 from ._conv_util import conv_geometry, decode_str, spatial_params
 from .registry import cpu_kernel
 
-__all__ = ["available", "conv_kind", "pool_applies", "ReorderInput", "ReorderOutput",
-           "NchwcConv", "NchwcPool"]
+__all__ = ["available", "conv_kind", "pool_applies", "affine_applies", "ReorderInput",
+           "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcPool"]
 
 LANES = 16
 #: channels filling at least this share of their 16-lane blocks
@@ -107,6 +109,13 @@ def pool_applies(x_shape, out) -> bool:
     """Whether a 2-D MaxPool / AveragePool of these NCHW shapes runs on blocks."""
     return available() and len(x_shape) == 4 and x_shape[2] * x_shape[3] >= LANES and \
         out[0] * out[1] >= LANES and _fills(x_shape[1])
+
+
+def affine_applies(x_shape, act: str, act_params) -> bool:
+    """Whether ``ai.actorrt:ChannelAffine`` on this NCHW shape runs on blocks
+    (an activation of none / Relu / LeakyRelu / Clip)."""
+    return available() and len(x_shape) == 4 and x_shape[2] * x_shape[3] >= LANES and \
+        _fills(x_shape[1]) and _epilogue_params(act, act_params) is not None
 
 
 def _threads() -> int:
@@ -306,6 +315,52 @@ class NchwcConv(Kernel):
                 return call(x, bias, alpha, lo, hi)
             return call(x, bias, None, alpha, lo, hi)
         return nchwc_conv
+
+
+@cpu_kernel("NchwcAffine", domain="ai.actorrt")
+class NchwcAffine(Kernel):
+    """``act(X * a[c] + t[c])`` on blocked float32 ``X (N, ceil(C/16), H, W,
+    16)`` (attribute ``channels`` = ``C``; ``a``, ``t`` ``(C,)`` constants;
+    ``activation`` / ``activation_params`` as FusedConv's: none, Relu,
+    LeakyRelu, Clip): ``ai.actorrt:ChannelAffine`` on blocks. Output blocked,
+    lanes past ``C`` zero. Raises ValueError for other input shapes."""
+
+    @classmethod
+    def check(cls, node):
+        _require_kernels(node)
+        require(1 in node.constant_inputs and 2 in node.constant_inputs,
+                "NchwcAffine needs constant a and t")
+        require(_epilogue_params(decode_str(node.attr("activation"), ""),
+                                 node.attr("activation_params")) is not None,
+                "NchwcAffine: activation %r has no blocked form",
+                decode_str(node.attr("activation"), ""))
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._c = int(node.attr("channels", 0))
+        self._ep = tuple(np.float32(v) for v in _epilogue_params(
+            decode_str(node.attr("activation"), ""), node.attr("activation_params")))
+        self._at = None
+
+    def prepare(self, constants, shared):
+        a, t = constants.get(1), constants.get(2)
+        if a is None or t is None:
+            return
+        if "nchwc_affine" not in shared:
+            pad = -(-self._c // LANES) * LANES
+            ap, tp = np.zeros(pad, np.float32), np.zeros(pad, np.float32)
+            ap[:a.size], tp[:t.size] = np.ravel(a), np.ravel(t)
+            shared["nchwc_affine"] = (ap, tp, a.size, t.size)
+        self._at = shared["nchwc_affine"]
+
+    def run(self, x, a, t):
+        c = self._c
+        if x.ndim != 5 or x.shape[4] != LANES or x.shape[1] != -(-c // LANES) or \
+                self._at is None or self._at[2] != c or self._at[3] != c:
+            raise ValueError(f"NchwcAffine {self.node.name!r}: input X has shape {x.shape}, "
+                             f"expected (N, {-(-c // LANES)}, H, W, 16) with a and t of {c}")
+        return _kernels().channel_affine(np.ascontiguousarray(x, np.float32), self._at[0],
+                                         self._at[1], c, *self._ep, _threads())
 
 
 @cpu_kernel("NchwcPool", domain="ai.actorrt")

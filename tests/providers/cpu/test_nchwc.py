@@ -100,3 +100,21 @@ def test_depthwise_call_matches_reference(n, c, hw, k, s, p):
         assert not flat[:, c:].any()
         outs.append(y)
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("c", [16, 40, 13])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_channel_affine_matches_numpy(c, threads):
+    x = RNG.standard_normal((2, c, 5, 7)).astype(np.float32)
+    a = RNG.standard_normal(c).astype(np.float32)
+    t = RNG.standard_normal(c).astype(np.float32)
+    pad = -(-c // 16) * 16
+    ap, tp = np.zeros(pad, np.float32), np.zeros(pad, np.float32)
+    ap[:c], tp[:c] = a, t
+    y = nc.channel_affine(nc.to_blocks(x), ap, tp, c, np.float32(0.2), np.float32(-0.3),
+                          np.float32(1.0), threads)
+    v = x * a[:, None, None] + t[:, None, None]
+    want = np.clip(np.where(v < 0, np.float32(0.2) * v, v), -0.3, 1.0)
+    np.testing.assert_allclose(nc.from_blocks(y, c), want, rtol=1e-6, atol=1e-6)
+    flat = y.transpose(0, 2, 3, 1, 4).reshape(-1, y.shape[1] * 16)
+    assert not flat[:, c:].any()

@@ -350,8 +350,10 @@ if HAVE_KERNEL:
         fill = -np.inf if mode == 1 else 0.0
         brows = (band - 1) * sh + (kh - 1) * dh + 1
         wrow = wp * LANES
-        # slack past the last row: the windows' pixels past a row's end read on
-        xs = np.full(brows * wrow + (_WIN * 2 + 5) * LANES, fill, np.float32)
+        # every row of a band is written before it is read; the slack past the
+        # last row (the windows' pixels past a row's end read on) is set once
+        xs = np.empty(brows * wrow + (_WIN * 2 + 5) * LANES, np.float32)
+        xs[brows * wrow:] = fill
         ohw = oh * ow
         kk = toffs.size
         row = w * LANES

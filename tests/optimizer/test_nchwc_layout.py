@@ -224,3 +224,71 @@ def test_densenet_style_pre_activation_block(threads):
     assert ops.count("NchwcAffine") == 2 and ops.count("NchwcConv") == 4
     assert ops.count("ReorderInput") == 1 and ops.count("ReorderOutput") == 1
     _close(got, _want(model, {"x": x}))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_chains_equal_onnxruntime(seed):
+    # random chains: convs of random kernels / strides / pads / dilations,
+    # depthwise convs, pools, residual adds, epilogues, batch and threads
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 4))
+    c = int(rng.choice([16, 24, 32, 48]))
+    h, w = int(rng.integers(6, 20)), int(rng.integers(6, 20))
+    nodes, inits, cur, shape = [], [], "x", (n, c, h, w)
+    for i in range(int(rng.integers(3, 6))):
+        op = rng.choice(["conv", "conv", "depthwise", "pool", "residual"])
+        cc, hh, ww = shape[1:]
+        if op == "pool" and hh >= 6 and ww >= 6:
+            kind = rng.choice(["MaxPool", "AveragePool"])
+            k = int(rng.integers(2, 4))
+            kw = dict(kernel_shape=[k, k], strides=[int(rng.integers(1, 3))] * 2,
+                      pads=[int(rng.integers(0, k))] * 4)
+            if kind == "AveragePool":
+                kw["count_include_pad"] = int(rng.integers(0, 2))
+            nodes.append(helper.make_node(kind, [cur], [f"p{i}"], **kw))
+            s = kw["strides"][0]
+            pd = kw["pads"][0]
+            shape = (n, cc, (hh + 2 * pd - k) // s + 1, (ww + 2 * pd - k) // s + 1)
+            cur = f"p{i}"
+            continue
+        if op == "residual":
+            nodes += [_conv(cur, f"w{i}", f"a{i}", f"b{i}", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                      helper.make_node("Add", [f"a{i}", cur], [f"s{i}"]),
+                      helper.make_node("Relu", [f"s{i}"], [f"r{i}"])]
+            inits += [_w(f"w{i}", (cc, cc, 3, 3)), _b(f"b{i}", cc)]
+            cur = f"r{i}"
+            continue
+        k = int(rng.choice([1, 3, 5]))
+        s = int(rng.integers(1, 3))
+        d = 1 if k == 1 else int(rng.integers(1, 3))
+        p = int(rng.integers(0, (k // 2) * d + 1))
+        m = cc if op == "depthwise" else int(rng.choice([16, 32, 40, 64]))
+        g = cc if op == "depthwise" else 1
+        oh = (hh + 2 * p - d * (k - 1) - 1) // s + 1
+        ow = (ww + 2 * p - d * (k - 1) - 1) // s + 1
+        if oh < 1 or ow < 1:
+            continue
+        nodes.append(_conv(cur, f"w{i}", f"a{i}", f"b{i}", kernel_shape=[k, k], strides=[s, s],
+                           dilations=[d, d], pads=[p, p, p, p], group=g))
+        inits += [_w(f"w{i}", (m, cc // g, k, k)), _b(f"b{i}", m)]
+        act = rng.choice(["Relu", "LeakyRelu", "Clip", "none"])
+        out = f"a{i}"
+        if act == "Relu":
+            nodes.append(helper.make_node("Relu", [out], [f"r{i}"]))
+            out = f"r{i}"
+        elif act == "LeakyRelu":
+            nodes.append(helper.make_node("LeakyRelu", [out], [f"r{i}"], alpha=0.3))
+            out = f"r{i}"
+        elif act == "Clip":
+            nodes.append(helper.make_node("Clip", [out, "lo", "hi"], [f"r{i}"]))
+            out = f"r{i}"
+        shape, cur = (n, m, oh, ow), out
+    nodes.append(helper.make_node("Identity", [cur], ["y"]))
+    inits += [numpy_helper.from_array(np.float32(-0.25), "lo"),
+              numpy_helper.from_array(np.float32(1.5), "hi")]
+    model = _model(nodes, [n, c, h, w], inits)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    want = _want(model, {"x": x})
+    for threads in (1, 2):
+        got, ops = _ours(model, {"x": x}, threads)
+        _close(got, want)

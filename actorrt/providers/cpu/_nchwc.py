@@ -46,6 +46,10 @@ LANES = 16
 #: (else its tap loop; unrolled MaxPool windows measured 1.5x slower than the
 #: tap loop on 3x3 / 2 64 x 111 x 111 and were dropped)
 WINDOWS = True
+#: reorders and affines of fewer values than this run on the calling thread
+#: (the partners' hand-off costs more; convolutions and pools use
+#: :mod:`._conv_split`'s thresholds)
+MIN_SPLIT_VALUES = 1 << 17
 #: input bytes of a band of output rows that the depthwise / pool kernels pad
 #: and read at a time (kept in L2 instead of a padded copy of the whole block)
 BAND_BYTES = 1 << 16
@@ -497,7 +501,7 @@ def to_blocks(x: np.ndarray, threads: int = 1) -> np.ndarray:
     y = np.empty(blocked_shape(n, c, h, w), np.float32)
     dst = _identity(h * w)
     items = n * y.shape[1]
-    if threads <= 1 or items < 2:
+    if threads <= 1 or items < 2 or y.size < MIN_SPLIT_VALUES:
         _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
         return y
     p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, _addr(dst), dst.size],
@@ -519,7 +523,7 @@ def from_blocks(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
     n, cbn, h, w, _ = x.shape
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     y = np.empty((n, c, h, w), np.float32)
-    if threads <= 1 or n * cbn < 2:
+    if threads <= 1 or n * cbn < 2 or x.size < MIN_SPLIT_VALUES:
         _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
         return y
     p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, 0, 0], np.int64)
@@ -571,6 +575,8 @@ class ConvCall:
             self.xs_size = n * img
         per = c if planes else icb
         self.in_items = n * per
+        if 2 * n * m * ohw * c * kernel[0] * kernel[1] < _conv_split.MIN_CONV_FLOPS:
+            threads = 1  # a hand-off to the partners costs more than it saves
         # whole images a thread where there are enough (one post, nothing
         # shared); else the input items, then (pixels, group) items of all
         self.images = threads <= 1 or n >= threads
@@ -642,7 +648,7 @@ def channel_affine(x: np.ndarray, a: np.ndarray, t: np.ndarray, c: int, alpha, l
     y = np.empty(x.shape, np.float32)
     ep = np.array([alpha, lo, hi], np.float32)
     items = n * cbn
-    if threads <= 1 or items < 2:
+    if threads <= 1 or items < 2 or x.size < MIN_SPLIT_VALUES:
         _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
         return y
     p = np.array([_addr(x), x.size, _addr(a), a.size, _addr(t), t.size, _addr(y), y.size,
@@ -686,6 +692,9 @@ class DepthwiseCall:
         self.x_shape = tuple(x_shape)
         self.y_shape = (n, cbn, oh, ow, LANES)
         self.items = n * cbn
+        work = n * c * oh * ow * kh * kw
+        if work < (_conv_split.MIN_DEPTHWISE_WORK if mode == 0 else _conv_split.MIN_POOL_WORK):
+            threads = 1  # a hand-off to the partners costs more than it saves
         self.threads = threads
         self._keep = (wt, toffs, cnt)
         p = np.zeros(_DW_N, np.int64)

@@ -35,7 +35,8 @@ def _conv_ref(x, w, b, strides, pads, dil, group):
     return ReferenceEvaluator(m).run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 20, 5, 7), (1, 33, 17, 3), (3, 3, 8, 9)])
+@pytest.mark.parametrize("shape", [(1, 16, 4, 4), (2, 20, 5, 7), (1, 33, 17, 3), (3, 3, 8, 9),
+                                   (2, 40, 40, 41)])  # (the last split over the partners)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_reorders_match_numpy(shape, threads):
     _threads.apply(threads)
@@ -82,7 +83,8 @@ def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d):
 
 
 @pytest.mark.parametrize("n,c,hw,k,s,p", [(1, 32, 20, 3, 1, 1), (2, 40, 11, 3, 2, 1),
-                                          (1, 26, 16, 5, 1, 2)])
+                                          (1, 26, 16, 5, 1, 2), (2, 48, 40, 3, 2, 1),
+                                          (1, 64, 40, 5, 1, 2), (1, 40, 37, 3, 1, 1)])
 def test_depthwise_call_matches_reference(n, c, hw, k, s, p):
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
@@ -105,7 +107,7 @@ def test_depthwise_call_matches_reference(n, c, hw, k, s, p):
 @pytest.mark.parametrize("c", [16, 40, 13])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_channel_affine_matches_numpy(c, threads):
-    x = RNG.standard_normal((2, c, 5, 7)).astype(np.float32)
+    x = RNG.standard_normal((2, c, 45, 47)).astype(np.float32)
     a = RNG.standard_normal(c).astype(np.float32)
     t = RNG.standard_normal(c).astype(np.float32)
     pad = -(-c // 16) * 16

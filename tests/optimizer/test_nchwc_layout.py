@@ -117,6 +117,21 @@ def test_residual_stem_depthwise_and_graph_outputs(threads):
     _close(got, _want(model, {"x": x}))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,stride", [(16, 1), (24, 2), (64, 1)])
+def test_stems_read_nchw_planes(threads, m, stride):
+    nodes = [_conv("x", "ws", "s", "bs", kernel_shape=[3, 3], strides=[stride] * 2,
+                   pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["s"], ["sr"]),
+             _conv("sr", "w2", "y", None, kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    model = _model(nodes, [2, 3, 21, 18], [_w("ws", (m, 3, 3, 3)), _b("bs", m),
+                                           _w("w2", (32, m, 3, 3))])
+    x = RNG.standard_normal((2, 3, 21, 18)).astype(np.float32)
+    got, ops = _ours(model, {"x": x}, threads)
+    assert ops.count("NchwcConv") == 2 and "ReorderInput" not in ops
+    _close(got, _want(model, {"x": x}))
+
+
 @pytest.mark.parametrize("pool,kw", [
     ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2], dilations=[1, 1])),

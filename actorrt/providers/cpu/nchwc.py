@@ -45,6 +45,10 @@ LANES = 16
 MIN_FILL = 0.75
 #: stems (NCHW input) of at most this many channels
 STEM_MAX_CHANNELS = 8
+#: ... and reductions (``C * KH * KW``) of at least this many values
+STEM_MIN_REDUCTION = 27
+#: stems into blocks at all
+STEMS = True
 
 
 def _kernels():
@@ -82,7 +86,9 @@ def conv_kind(x_shape, w_shape, group: int, out, strides, act: str, act_params,
               has_z: bool) -> str | None:
     """How an NCHW float32 2-D convolution of these static shapes runs on
     blocks: ``"conv"`` (one group, blocked in), ``"stem"`` (one group, at most
-    :data:`STEM_MAX_CHANNELS` input channels read as NCHW planes),
+    :data:`STEM_MAX_CHANNELS` input channels read as NCHW planes, a reduction
+    of at least :data:`STEM_MIN_REDUCTION`; A/B against the NCHW stem and a
+    reorder: resnetish 0.99x / 0.90x the time at 1 / 2 threads, vgg19 0.99x),
     ``"depthwise"``, or None (not this module's case: the reason is one of
     no kernels, an activation other than none / Relu / LeakyRelu / Clip,
     planes under 16 pixels, channels filling under :data:`MIN_FILL` of their
@@ -97,8 +103,8 @@ def conv_kind(x_shape, w_shape, group: int, out, strides, act: str, act_params,
         return None
     if group == 1 and w_shape[1] == c:
         if c <= STEM_MAX_CHANNELS:
-            from . import _conv_blocked as cb
-            return "stem" if cb.planes_fit(x_shape, w_shape, 1, out, strides) else None
+            return "stem" if STEMS and _fills(m) and c * w_shape[2] * w_shape[3] >= \
+                STEM_MIN_REDUCTION else None
         return "conv" if _fills(c) and _fills(m) else None
     if group == c == m and w_shape[1] == 1 and not has_z and _fills(c):
         return "depthwise"

@@ -10,7 +10,8 @@ Levels (``SessionOptions.graph_optimization_level``, onnxruntime's names):
 
 * ``0`` ``ORT_DISABLE_ALL`` / ``"disabled"``: no rewrites.
 * ``1`` ``ORT_ENABLE_BASIC`` / ``"basic"``: semantics-preserving folds into
-  standard ops: Identity and inference Dropout removed, Transpose pairs, Reshape chains, 2-D Transposes into Gemm's
+  standard ops: Identity and inference Dropout removed, Transpose pairs, Reshape
+  chains, 2-D Transposes into Gemm's
   transA / transB (:mod:`.transformer`); Conv + BatchNormalization /
   per-channel Mul / Add (:mod:`.conv`).
 * ``2`` ``ORT_ENABLE_EXTENDED`` / ``"extended"``: also fusions into contrib /

@@ -67,7 +67,8 @@ from ..providers._contract import NodeSpec
 from ._graph import OptContext
 from .conv import ENGINE_DOMAIN, MS, activation_of
 
-__all__ = ["eliminate_identities", "fuse_gelu", "fuse_attention", "fuse_matmul_epilogue", "fuse_skip_layer_norm",
+__all__ = ["eliminate_identities", "fuse_gelu", "fuse_attention", "fuse_matmul_epilogue",
+           "fuse_skip_layer_norm",
            "fuse_view_pairs", "cancel_transposes", "collapse_reshapes",
            "fold_transpose_into_gemm"]
 

@@ -549,6 +549,14 @@ def _tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
 tap_offsets = _tap_offsets
 
 
+def padded_extent(h: int, w: int, kernel, strides, dilations, pads_begin, out) -> tuple[int, int]:
+    """``(HP, WP)``: the padded plane every output pixel's window reads inside
+    (the input plus its begin pads, and the end pads ``out`` implies)."""
+    hp = max((out[0] - 1) * strides[0] + (kernel[0] - 1) * dilations[0] + 1, pads_begin[0] + h)
+    wp = max((out[1] - 1) * strides[1] + (kernel[1] - 1) * dilations[1] + 1, pads_begin[1] + w)
+    return hp, wp
+
+
 def window_kind(kernel, strides, dilations) -> int:
     """Which unrolled window takes a depthwise conv: 1 (3x3 / 1), 2 (3x3 /
     2), 3 (5x5 / 1), 4 (5x5 / 2), both axes alike and dilation 1; else 0
@@ -569,8 +577,7 @@ def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_s
     dh, dw = dilations
     pt, pl = pads_begin
     oh, ow = out_shape
-    hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
-    wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
+    hp, wp = padded_extent(h, w, kernel, strides, dilations, pads_begin, out_shape)
     toffs = _tap_offsets(kh, kw, dh, dw, wp)
     y = np.empty((n, c, oh, ow), np.float32)
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)

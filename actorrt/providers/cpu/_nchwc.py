@@ -680,8 +680,7 @@ class DepthwiseCall:
         dh, dw = dilations
         pt, pl = pads_begin
         oh, ow = out
-        hp = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
-        wp = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + w)
+        hp, wp = _dwb.padded_extent(h, w, kernel, strides, dilations, pads_begin, out)
         toffs = _dwb.tap_offsets(kh, kw, dh, dw, wp)
         if mode == 2:
             cnt = np.ascontiguousarray(np.multiply.outer(

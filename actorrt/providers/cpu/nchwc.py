@@ -271,10 +271,10 @@ class NchwcConv(Kernel):
         kernel, strides, dil, out, pb, _ = geometry(self.node.attr, nchw, w.shape)
         if self._group == 1:
             wt, groups = self._packed
-            return _kernels().ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel, strides,
-                                   dil, pb, out, self._nchw, threads)
-        return _kernels().DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil, pb,
-                                    out, 0, None, threads)
+            return _kernels().ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel,
+                                       strides, dil, pb, out, self._nchw, threads)
+        return _kernels().DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil,
+                                        pb, out, 0, None, threads)
 
     def _bias_for(self, b):
         if b is not None and b is self._bias_const:
@@ -405,7 +405,7 @@ class NchwcPool(Kernel):
                                    bool(int(self.node.attr("count_include_pad", 0))))
                            for i in range(2))
         return _kernels().DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
-                                    1 if self._max else 2, counts, threads)
+                                        1 if self._max else 2, counts, threads)
 
     def run(self, x):
         call = self._calls.get(x.shape, _threads())

@@ -13,7 +13,9 @@ or a 2-D ``MaxPool`` / ``AveragePool`` with static shapes, ``ceil_mode`` 0
 (MaxPool: its ``Indices`` output unused; AveragePool: dilations 1); or a
 ``Concat`` along the channels of values of multiples of 16 channels; or an
 ``ai.actorrt:ChannelAffine`` (a folded BatchNormalization, densenet's
-pre-activation) with an epilogue of none / Relu / LeakyRelu / Clip. Such
+pre-activation) with an epilogue of none / Relu / LeakyRelu / Clip; or a
+GlobalAveragePool / ReduceMean over H and W (a chain's end: it reads the
+blocks and writes its NCHW result). Such
 nodes are rewritten by connected groups (linked by the values they would
 read as blocks) holding at least :data:`MIN_CONVS` convolutions: a lone
 convolution keeps its own per-call blocking, pools, Concats and affines
@@ -129,6 +131,29 @@ def _affine_ok(ctx: OptContext, s: NodeSpec, nc) -> bool:
     return nc.affine_applies(xs, act, s.attr("activation_params"))
 
 
+def _global_mean(ctx: OptContext, s: NodeSpec) -> int | None:
+    """``keepdims`` (1 / 0) of a GlobalAveragePool, or of a ReduceMean over
+    exactly axes 2 and 3, of a static 4-D float32 value; else None."""
+    if s.domain != "" or len(s.outputs) != 1 or not s.inputs:
+        return None
+    xs = _static(ctx, s.inputs[0])
+    if xs is None or len(xs) != 4 or xs[2] * xs[3] < 1:
+        return None
+    if s.op_type == "GlobalAveragePool":
+        return 1
+    if s.op_type != "ReduceMean":
+        return None
+    if len(s.inputs) > 1 and s.inputs[1]:
+        axes = ctx.const(s.inputs[1])
+        axes = None if axes is None else [int(a) for a in axes.reshape(-1)]
+    else:
+        axes = s.attr("axes")
+        axes = None if axes is None else [int(a) for a in axes]
+    if axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+        return None
+    return int(s.attr("keepdims", 1))
+
+
 def _concat_ok(ctx: OptContext, s: NodeSpec) -> bool:
     """A channel Concat of 4-D static float32 values, each a multiple of 16
     channels (blocks concatenated along axis 1 are the blocked result)."""
@@ -161,6 +186,8 @@ def nchwc_layout(ctx: OptContext) -> None:
             k = "concat"
         if k is None and _affine_ok(ctx, s, nc):
             k = "affine"
+        if k is None and _global_mean(ctx, s) is not None:
+            k = "mean"
         if k is not None:
             kind[id(s)] = k
     if not kind:
@@ -194,7 +221,7 @@ def nchwc_layout(ctx: OptContext) -> None:
                 parent[root(i)] = root(id(p))
     convs: dict[int, int] = {}
     for i in by_id:
-        if kind[i] not in ("pool", "concat", "affine"):
+        if kind[i] not in ("pool", "concat", "affine", "mean"):
             convs[root(i)] = convs.get(root(i), 0) + 1
     for i in list(by_id):
         if convs.get(root(i), 0) < MIN_CONVS:
@@ -219,6 +246,13 @@ def nchwc_layout(ctx: OptContext) -> None:
                                 name=f"{v}/reorder_input", opset=1))
             blocked[v] = b
         y = s.outputs[0]
+        if k == "mean":  # reads blocks, writes its NCHW result under its own name
+            xs = _static(ctx, s.inputs[0])
+            new = ctx.make(s, "NchwcGlobalAveragePool", ENGINE, [blocked[s.inputs[0]]], [y],
+                           {"channels": xs[1], "keepdims": _global_mean(ctx, s)}, opset=1)
+            out.append(new)
+            ctx.fusions.append((new.name, (s.name,)))
+            continue
         ys = _static(ctx, y)
         yb = _name(ctx, y)
         ctx.types[yb] = ValueType("tensor", _F32, _blocked_shape(ys))

@@ -307,3 +307,29 @@ def test_random_chains_equal_onnxruntime(seed):
     for threads in (1, 2):
         got, ops = _ours(model, {"x": x}, threads)
         _close(got, want)
+
+
+@pytest.mark.parametrize("tail,opset", [("gap", 17), ("mean_keep", 13), ("mean_flat", 13),
+                                        ("mean_flat", 18)])
+@pytest.mark.parametrize("c", [32, 40])
+def test_global_means_read_the_blocks(tail, opset, c):
+    nodes = [_conv("x", "w1", "a", None, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             _conv("ar", "w2", "b", None, kernel_shape=[1, 1])]
+    inits = [_w("w1", (c, 32, 3, 3)), _w("w2", (c, c, 1, 1))]
+    if tail == "gap":
+        nodes.append(helper.make_node("GlobalAveragePool", ["b"], ["y"]))
+    elif opset < 18:
+        nodes.append(helper.make_node("ReduceMean", ["b"], ["y"], axes=[-1, 2],
+                                      keepdims=int(tail == "mean_keep")))
+    else:
+        nodes.append(helper.make_node("ReduceMean", ["b", "axes"], ["y"],
+                                      keepdims=int(tail == "mean_keep")))
+        inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
+    g = helper.make_graph(nodes, "n", [helper.make_tensor_value_info("x", TP.FLOAT, [2, 32, 9, 7])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+    x = RNG.standard_normal((2, 32, 9, 7)).astype(np.float32)
+    got, ops = _ours(model, {"x": x})
+    assert ops[-1] == "NchwcGlobalAveragePool" and "ReorderOutput" not in ops
+    _close(got, _want(model, {"x": x}))

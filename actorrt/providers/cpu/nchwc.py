@@ -20,6 +20,8 @@ ends are transposed:
   group, or depthwise (``group == C == M``, no ``Z``).
 * ``NchwcAffine(X, a, t) -> Y``: ``ai.actorrt:ChannelAffine`` (a folded
   BatchNormalization and its activation) on blocks; attribute ``channels``.
+* ``NchwcGlobalAveragePool(X) -> Y``: GlobalAveragePool / ReduceMean over H
+  and W of a blocked value, NCHW out (attributes ``channels``, ``keepdims``).
 * ``NchwcPool(X) -> Y``, attributes of MaxPool / AveragePool (2-D, no
   ``ceil_mode``, ``storage_order`` 0) plus ``mode`` (``"max"`` / ``"avg"``)
   and ``channels``: blocked in and out.
@@ -38,7 +40,7 @@ from ._conv_util import conv_geometry, decode_str, spatial_params
 from .registry import cpu_kernel
 
 __all__ = ["available", "conv_kind", "pool_applies", "affine_applies", "ReorderInput",
-           "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcPool"]
+           "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool", "NchwcPool"]
 
 LANES = 16
 #: channels filling at least this share of their 16-lane blocks
@@ -367,6 +369,34 @@ class NchwcAffine(Kernel):
                              f"expected (N, {-(-c // LANES)}, H, W, 16) with a and t of {c}")
         return _kernels().channel_affine(np.ascontiguousarray(x, np.float32), self._at[0],
                                          self._at[1], c, *self._ep, _threads())
+
+
+@cpu_kernel("NchwcGlobalAveragePool", domain="ai.actorrt")
+class NchwcGlobalAveragePool(Kernel):
+    """GlobalAveragePool (or ReduceMean over H and W) of blocked float32 ``X
+    (N, ceil(C/16), H, W, 16)`` to NCHW: ``(N, C, 1, 1)``, or ``(N, C)`` with
+    ``keepdims = 0`` (attribute ``channels`` = ``C``): the chain's last
+    blocked reader needs no ReorderOutput. The sum over the plane divided
+    by ``H * W``. Raises ValueError for other input shapes."""
+
+    @classmethod
+    def check(cls, node):
+        require(int(node.attr("channels", 0)) >= 1, "NchwcGlobalAveragePool needs channels")
+
+    def __init__(self, node):
+        super().__init__(node)
+        self._c = int(node.attr("channels", 0))
+        self._keep = bool(int(node.attr("keepdims", 1)))
+
+    def run(self, x):
+        c = self._c
+        if x.ndim != 5 or x.shape[4] != LANES or x.shape[1] != -(-c // LANES):
+            raise ValueError(f"NchwcGlobalAveragePool {self.node.name!r}: input X has shape "
+                             f"{x.shape}, expected (N, {-(-c // LANES)}, H, W, 16)")
+        n, cbn, h, w, _ = x.shape
+        s = x.reshape(n, cbn, h * w, LANES).sum(axis=2, dtype=np.float32)
+        y = (s.reshape(n, cbn * LANES)[:, :c] / np.float32(h * w)).astype(np.float32, copy=False)
+        return np.ascontiguousarray(y).reshape((n, c, 1, 1) if self._keep else (n, c))
 
 
 @cpu_kernel("NchwcPool", domain="ai.actorrt")

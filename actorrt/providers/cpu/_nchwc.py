@@ -15,10 +15,12 @@ the blocks directly, so only the chain's ends are transposed.
   few channels, NCHW planes) in, blocked out: the input blocks copied into
   a zero-padded scratch where the convolution pads (read in place where it
   does not), the tiles of :mod:`._conv_blocked` storing into the output's
-  blocks, bias, residual and activation applied in place on each item's
-  pixels while they are in cache.
+  blocks with the epilogue (bias, residual, activation, lanes past the
+  output channels zero) in their last reduction block's store.
 * :class:`DepthwiseCall` -- a depthwise conv, MaxPool or AveragePool,
-  blocked in and out (:mod:`._dw_blocked`'s pixel steps).
+  blocked in and out: bands of input rows padded in a small scratch, then
+  :mod:`._dw_blocked`'s unrolled windows (3x3 / 5x5 depthwise) or pixel
+  steps.
 * :func:`channel_affine` -- ``act(x * a[c] + t[c])`` (BatchNormalization
   folded to a per-channel affine, with its activation), blocked in and out.
 

@@ -86,10 +86,10 @@ def _conv_kind(ctx: OptContext, s: NodeSpec, nc) -> str | None:
     act = s.attr("activation", b"") if s.op_type == "FusedConv" else ""
     act = act.decode() if isinstance(act, bytes) else str(act)
     try:
-        kernel, strides, _, out, _, _ = nc.geometry(s.attr, xs, w.shape)
+        kernel, strides, _, out, _, _ = nc.node_geometry(s, xs, w.shape)
     except ValueError:
         return None
-    if kernel != tuple(w.shape[2:]) or (ys[0], w.shape[0]) + tuple(out) != ys:
+    if tuple(kernel) != tuple(w.shape[2:]) or (ys[0], w.shape[0]) + tuple(out) != ys:
         return None
     return nc.conv_kind(xs, w.shape, int(s.attr("group", 1)), out, strides, act,
                         s.attr("activation_params"), has_z)
@@ -110,7 +110,7 @@ def _pool_ok(ctx: OptContext, s: NodeSpec, nc) -> bool:
     if s.op_type == "AveragePool" and dil != (1, 1):
         return False
     try:
-        _, _, _, out, _, _ = nc.geometry(s.attr, xs, (0, 0) + tuple(ks))
+        _, _, _, out, _, _ = nc.node_geometry(s, xs, (0, 0) + tuple(ks))
     except ValueError:
         return False
     return (xs[0], xs[1]) + tuple(out) == ys and nc.pool_applies(xs, out)

@@ -426,19 +426,19 @@ if HAVE_KERNEL:
                 else:
                     _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
 
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _dw_items(params, i0, i1):  # pragma: no cover - compiled
-        p = carray(_i64p(params), (_DW_N,))
-        x = carray(_f32p(p[0]), (p[1],))
-        wt = carray(_f32p(p[2]), (p[3],))
-        bias = carray(_f32p(p[4]), (p[5],))
-        y = carray(_f32p(p[6]), (p[7],))
-        toffs = carray(_i64p(p[8]), (p[9],))
-        cnt = carray(_f32p(p[10]), (p[11],))
-        ep = carray(_f32p(p[12]), (3,))
-        _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
+    @njit(nogil=True, cache=True)
+    def _dw_block(p, i0, i1):  # pragma: no cover - compiled
+        """:func:`_dw_range` on the operands of parameter block ``p``."""
+        _dw_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
+                  carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)),
+                  carray(_i64p(p[8]), (p[9],)), carray(_f32p(p[10]), (p[11],)),
+                  carray(_f32p(p[12]), (3,)), p[13], p[14], p[15], p[16], p[17], p[18],
                   p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28], p[29],
                   i0, i1)
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _dw_items(params, i0, i1):  # pragma: no cover - compiled
+        _dw_block(carray(_i64p(params), (_DW_N,)), i0, i1)
 
     _DW = _dw_items.address
 
@@ -451,12 +451,7 @@ if HAVE_KERNEL:
     @njit(nogil=True, cache=True)
     def _dw_one_thread(p, ep, x, bias, y, alpha, lo, hi, items):  # pragma: no cover
         _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
-        wt = carray(_f32p(p[2]), (p[3],))
-        toffs = carray(_i64p(p[8]), (p[9],))
-        cnt = carray(_f32p(p[10]), (p[11],))
-        _dw_range(x, wt, bias, y, toffs, cnt, ep, p[13], p[14], p[15], p[16], p[17], p[18],
-                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28], p[29],
-                  0, items)
+        _dw_block(p, 0, items)
 
 
 def _addr(a: np.ndarray) -> int:
@@ -722,7 +717,7 @@ class DepthwiseCall:
         b = ep if bias is None else bias
         a, l_, h_ = np.float32(alpha), np.float32(lo), np.float32(hi)
         if self.threads <= 1:
-            _dw_one_thread(p, ep, x.reshape(-1), b, y.reshape(-1), a, l_, h_, self.items)
+            _dw_one_thread(p, ep, x, b, y, a, l_, h_, self.items)
         else:
             _dw_fill(p, ep, x, b, y, a, l_, h_)
             _run(_DW, p, self.items, self.threads)

@@ -55,6 +55,10 @@ def _geometry(node: NodeSpec, x_shape, w_shape):
     return kernel, strides, dil, out, pb, pe
 
 
+#: public name of :func:`_geometry` (the NCHWc ops and the layout pass)
+node_geometry = _geometry
+
+
 def _pack(w: np.ndarray, group: int, dtype: np.dtype) -> np.ndarray:
     """Conv weight ``(M, C/g, *k)`` -> GEMM layout ``(g, M/g, C/g * prod(k))``."""
     m = w.shape[0]

@@ -36,10 +36,11 @@ import numpy as np
 
 from ... import tracing
 from .._contract import Kernel, NodeSpec, require
-from ._conv_util import conv_geometry, decode_str, spatial_params
+from ._conv_util import decode_str
+from .conv import node_geometry
 from .registry import cpu_kernel
 
-__all__ = ["available", "conv_kind", "pool_applies", "affine_applies", "ReorderInput",
+__all__ = ["available", "node_epilogue", "conv_kind", "pool_applies", "affine_applies", "ReorderInput",
            "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool", "NchwcPool"]
 
 LANES = 16
@@ -73,15 +74,12 @@ def _epilogue_params(act: str, params) -> tuple[float, float, float] | None:
     return cdr.act_params(act, tuple(params or ()))
 
 
-def geometry(attrs_of, x_shape, w_shape):
-    """``(kernel, strides, dilations, out, pads_begin, pads_end)`` of a 2-D Conv-like
-    node (``attrs_of(name)`` its attribute or None) for the NCHW shapes."""
-    kernel = attrs_of("kernel_shape") or w_shape[2:]
-    kernel, strides, dil, pb, pe = spatial_params(2, kernel, attrs_of("strides"),
-                                                  attrs_of("dilations"), attrs_of("pads"))
-    auto_pad = decode_str(attrs_of("auto_pad"), "NOTSET")
-    out, pb, pe = conv_geometry(x_shape[2:], kernel, strides, dil, pb, pe, auto_pad)
-    return tuple(kernel), tuple(strides), tuple(dil), tuple(out), tuple(pb), tuple(pe)
+def node_epilogue(node: NodeSpec) -> tuple[float, float, float] | None:
+    """The ``(alpha, lo, hi)`` epilogue of a node's ``activation`` /
+    ``activation_params`` (FusedConv's), or None where the blocked kernels
+    have none for it."""
+    return _epilogue_params(decode_str(node.attr("activation"), ""),
+                            node.attr("activation_params"))
 
 
 def conv_kind(x_shape, w_shape, group: int, out, strides, act: str, act_params,
@@ -203,8 +201,7 @@ class NchwcConv(Kernel):
     def check(cls, node):
         _require_kernels(node)
         require(1 in node.constant_inputs, "NchwcConv needs a constant weight")
-        require(_epilogue_params(decode_str(node.attr("activation"), ""),
-                                 node.attr("activation_params")) is not None,
+        require(node_epilogue(node) is not None,
                 "NchwcConv: activation %r has no blocked epilogue",
                 decode_str(node.attr("activation"), ""))
 
@@ -221,8 +218,7 @@ class NchwcConv(Kernel):
         self._c = int(node.attr("channels", 0))
         self._group = int(node.attr("group", 1))
         self._nchw = decode_str(node.attr("input_layout"), "NCHWc") == "NCHW"
-        self._ep = tuple(np.float32(v) for v in _epilogue_params(
-            decode_str(node.attr("activation"), ""), node.attr("activation_params")))
+        self._ep = tuple(np.float32(v) for v in node_epilogue(node))
         self._w = None
         self._packed = None
         self._bias_const = None
@@ -270,7 +266,7 @@ class NchwcConv(Kernel):
                 + (f"(N, {self._c}, H, W)" if self._nchw else
                    f"(N, {-(-self._c // LANES)}, H, W, 16) (blocked {self._c} channels)"))
         nchw = self._nchw_shape(x_shape)
-        kernel, strides, dil, out, pb, _ = geometry(self.node.attr, nchw, w.shape)
+        kernel, strides, dil, out, pb, _ = node_geometry(self.node, nchw, w.shape)
         if self._group == 1:
             wt, groups = self._packed
             return _kernels().ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel,
@@ -338,16 +334,14 @@ class NchwcAffine(Kernel):
         _require_kernels(node)
         require(1 in node.constant_inputs and 2 in node.constant_inputs,
                 "NchwcAffine needs constant a and t")
-        require(_epilogue_params(decode_str(node.attr("activation"), ""),
-                                 node.attr("activation_params")) is not None,
+        require(node_epilogue(node) is not None,
                 "NchwcAffine: activation %r has no blocked form",
                 decode_str(node.attr("activation"), ""))
 
     def __init__(self, node):
         super().__init__(node)
         self._c = int(node.attr("channels", 0))
-        self._ep = tuple(np.float32(v) for v in _epilogue_params(
-            decode_str(node.attr("activation"), ""), node.attr("activation_params")))
+        self._ep = tuple(np.float32(v) for v in node_epilogue(node))
         self._at = None
 
     def prepare(self, constants, shared):
@@ -428,7 +422,7 @@ class NchwcPool(Kernel):
                              f"expected (N, {-(-self._c // LANES)}, H, W, 16)")
         nchw = (x_shape[0], self._c, x_shape[2], x_shape[3])
         kshape = tuple(self.node.attr("kernel_shape"))
-        kernel, strides, dil, out, pb, pe = geometry(self.node.attr, nchw, (0, 0) + kshape)
+        kernel, strides, dil, out, pb, pe = node_geometry(self.node, nchw, (0, 0) + kshape)
         counts = None
         if not self._max:
             counts = tuple(_counts(nchw[2 + i], kernel[i], strides[i], pb[i], pe[i], out[i],

@@ -453,22 +453,65 @@ if HAVE_KERNEL:
         _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
         _dw_block(p, 0, items)
 
+    # ------------------------------------------------------------- posting
+    _post = _partner.post_items
+
+    @njit(nogil=True, cache=True)
+    def _post_jobs(ctrl, p, jobs, linger):  # pragma: no cover - compiled
+        """Post parameter block ``p``'s jobs in order to the team of control
+        block ``ctrl``: ``jobs`` rows (kernel address, items, chunks)."""
+        addr = p.ctypes.data
+        for j in range(jobs.shape[0]):
+            _post(ctrl, jobs[j, 0], addr, jobs[j, 1], jobs[j, 2], linger)
+
+    @njit(nogil=True, cache=True)
+    def _conv_post(ctrl, jobs, linger, p, ep, x, bias, z, has_z, y, alpha, lo,
+                   hi):  # pragma: no cover - compiled
+        """:func:`_conv_fill`, then :func:`_post_jobs` (one dispatch a call)."""
+        _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi)
+        _post_jobs(ctrl, p, jobs, linger)
+
+    @njit(nogil=True, cache=True)
+    def _dw_post(ctrl, jobs, linger, p, ep, x, bias, y, alpha, lo, hi):  # pragma: no cover
+        """:func:`_dw_fill`, then :func:`_post_jobs`."""
+        _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
+        _post_jobs(ctrl, p, jobs, linger)
+
+    @njit(nogil=True, cache=True)
+    def _reorder_post(ctrl, jobs, linger, x, y, dst, c, hw):  # pragma: no cover - compiled
+        """A reorder's block (``x``, ``y``, ``c``, ``hw``, ``dst``), posted."""
+        p = np.empty(_RE_N, np.int64)
+        p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, y.ctypes.data, y.size
+        p[4], p[5], p[6], p[7] = c, hw, dst.ctypes.data, dst.size
+        _post_jobs(ctrl, p, jobs, linger)
+
+    @njit(nogil=True, cache=True)
+    def _affine_post(ctrl, jobs, linger, x, a, t, y, ep, hw, cbn, c):  # pragma: no cover
+        """An affine's block, posted."""
+        p = np.empty(_AFF_N, np.int64)
+        p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, a.ctypes.data, a.size
+        p[4], p[5], p[6], p[7] = t.ctypes.data, t.size, y.ctypes.data, y.size
+        p[8], p[9], p[10], p[11] = ep.ctypes.data, hw, cbn, c
+        _post_jobs(ctrl, p, jobs, linger)
+
 
 def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _run(fn: int, params: np.ndarray, items: int, threads: int, per_thread: int = 0) -> None:
-    """``fn``'s items over the caller and its partners (``per_thread`` ranges
-    a thread; 0: :data:`._conv_split.CHUNKS_PER_THREAD`), or on the caller."""
-    addr = params.ctypes.data
-    team = _conv_split.team_for(threads) if threads > 1 and items > 1 else None
-    if team is None:
-        _partner.call_items(fn, addr, 0, items)
-        return
-    chunks = (per_thread or _conv_split.CHUNKS_PER_THREAD) * threads
-    _partner.run_items(team, fn, addr, items, max(1, min(items, chunks, 4096)),
-                       _conv_split.LINGER_CYCLES)
+def _jobs(*jobs, threads: int, per_thread: int = 0) -> np.ndarray:
+    """:func:`_post_jobs`' rows for ``(kernel address, items)`` pairs: each
+    cut into ``per_thread`` ranges a thread (0:
+    :data:`._conv_split.CHUNKS_PER_THREAD`), at most its items and 4096."""
+    per = per_thread or _conv_split.CHUNKS_PER_THREAD
+    return np.array([(fn, items, max(1, min(items, per * threads, 4096)))
+                     for fn, items in jobs if items > 0], np.int64).reshape(-1, 3)
+
+
+def _team(threads: int, items: int):
+    """The partner team a call of ``items`` items at ``threads`` threads
+    posts to, or None (run it on the caller)."""
+    return _conv_split.team_for(threads) if threads > 1 and items > 1 else None
 
 
 _IDENTITY: dict[int, np.ndarray] = {}
@@ -501,9 +544,13 @@ def to_blocks(x: np.ndarray, threads: int = 1) -> np.ndarray:
     if threads <= 1 or items < 2 or y.size < MIN_SPLIT_VALUES:
         _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
         return y
-    p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, _addr(dst), dst.size],
-                 np.int64)
-    _run(_TO, p, items, threads)
+    team = _team(threads, items)
+    if team is None:
+        _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
+        return y
+    _reorder_post(team.ctrl, _jobs((_TO, items), threads=threads), _conv_split.LINGER_CYCLES,
+                  xf, y.reshape(-1), dst, c, h * w)
+    team.ensure_awake()
     return y
 
 
@@ -523,8 +570,13 @@ def from_blocks(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
     if threads <= 1 or n * cbn < 2 or x.size < MIN_SPLIT_VALUES:
         _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
         return y
-    p = np.array([_addr(xf), xf.size, _addr(y), y.size, c, h * w, 0, 0], np.int64)
-    _run(_FROM, p, n * cbn, threads)
+    team = _team(threads, n * cbn)
+    if team is None:
+        _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
+        return y
+    _reorder_post(team.ctrl, _jobs((_FROM, n * cbn), threads=threads),
+                  _conv_split.LINGER_CYCLES, xf, y.reshape(-1), _identity(LANES), c, h * w)
+    team.ensure_awake()
     return y
 
 
@@ -593,6 +645,11 @@ class ConvCall:
         p[34], p[35], p[36], p[37] = _addr(dst), dst.size, _addr(geo), c
         p[38], p[39] = per, int(self.xs_size > 0)
         self.params = p
+        if self.images:
+            self.jobs = _jobs((_CONV_IMAGES, n), threads=threads, per_thread=1)
+        else:
+            self.jobs = _jobs((_CONV_IN, self.in_items if self.xs_size else 0),
+                              (_CONV_TILES, self.tile_items), threads=threads)
         # parameter blocks (with their epilogue floats and input scratch) of
         # the calls not running now: concurrent runs of a session each take one
         self._free: list = []
@@ -621,16 +678,13 @@ class ConvCall:
             z = y
         blk = self._block()
         p, ep = blk[0], blk[1]
-        if self.threads <= 1:
+        team = _team(self.threads, 2)
+        if team is None:
             _conv_one_thread(p, ep, x, bias, z, has_z, y, alpha, lo, hi, self.n)
         else:
-            _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi)
-            if self.images:
-                _run(_CONV_IMAGES, p, self.n, self.threads, 1)
-            else:
-                if self.xs_size:
-                    _run(_CONV_IN, p, self.in_items, self.threads)
-                _run(_CONV_TILES, p, self.tile_items, self.threads)
+            _conv_post(team.ctrl, self.jobs, _conv_split.LINGER_CYCLES, p, ep, x, bias, z,
+                       has_z, y, alpha, lo, hi)
+            team.ensure_awake()
         self._free.append(blk)
         return y
 
@@ -648,9 +702,13 @@ def channel_affine(x: np.ndarray, a: np.ndarray, t: np.ndarray, c: int, alpha, l
     if threads <= 1 or items < 2 or x.size < MIN_SPLIT_VALUES:
         _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
         return y
-    p = np.array([_addr(x), x.size, _addr(a), a.size, _addr(t), t.size, _addr(y), y.size,
-                  _addr(ep), h * w, cbn, c], np.int64)
-    _run(_AFFINE, p, items, threads)
+    team = _team(threads, items)
+    if team is None:
+        _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
+        return y
+    _affine_post(team.ctrl, _jobs((_AFFINE, items), threads=threads), _conv_split.LINGER_CYCLES,
+                 x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c)
+    team.ensure_awake()
     return y
 
 
@@ -702,6 +760,7 @@ class DepthwiseCall:
         band = max(1, BAND_BYTES // (sh * wp * LANES * 4))
         p[13:30] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win, kh, dh, band)
         self.params = p
+        self.jobs = _jobs((_DW, self.items), threads=threads)
         self._free: list = []  # (parameter block, epilogue floats) not in use
 
     def __call__(self, x: np.ndarray, bias: np.ndarray | None, alpha=1.0, lo=-np.inf,
@@ -716,10 +775,11 @@ class DepthwiseCall:
             p[12] = _addr(ep)
         b = ep if bias is None else bias
         a, l_, h_ = np.float32(alpha), np.float32(lo), np.float32(hi)
-        if self.threads <= 1:
+        team = _team(self.threads, self.items)
+        if team is None:
             _dw_one_thread(p, ep, x, b, y, a, l_, h_, self.items)
         else:
-            _dw_fill(p, ep, x, b, y, a, l_, h_)
-            _run(_DW, p, self.items, self.threads)
+            _dw_post(team.ctrl, self.jobs, _conv_split.LINGER_CYCLES, p, ep, x, b, y, a, l_, h_)
+            team.ensure_awake()
         self._free.append((p, ep))
         return y

@@ -61,8 +61,8 @@ from . import _sgemm_numba as _sg
 from . import _softmax_numba as _sm
 
 __all__ = ["AVAILABLE", "IDLE_CYCLES", "ITEMS_SIGNATURE", "bmm_entries", "call_items",
-           "f32_ptr", "gemm_panels", "i64_ptr", "layer_norm_rows", "run_items", "softmax_rows",
-           "team"]
+           "f32_ptr", "gemm_panels", "i64_ptr", "layer_norm_rows", "post_items", "run_items",
+           "softmax_rows", "team"]
 
 #: cycle-counter ticks (TSC, 2.6 GHz here: ~77 us) a partner spins without a
 #: job before it parks (3,000,000 measured the same on/off ratios under load 4)
@@ -319,6 +319,14 @@ if AVAILABLE:
             _store_rel(ctrl, _LINGER, _cycles() + linger)
         return mine
 
+    #: the compiled form of :func:`run_items` for compiled callers (one
+    #: dispatch fills a parameter block and posts it): ``post_items(team.ctrl,
+    #: fn, params, items, chunks, linger)`` with ``1 <= chunks <= min(items,
+    #: 4096)``, ``items >= 1``; the caller holds ``team`` from :func:`team` (its
+    #: partners awake) and, with ``linger``, calls ``team.ensure_awake()`` after
+    #: it returns, as :func:`run_items` does. Returns the chunks the caller ran.
+    post_items = _split_fn
+
     @njit(nogil=True, cache=True)
     def _lingering(ctrl):  # pragma: no cover - compiled
         # whether a caller's linger deadline is still ahead
@@ -397,6 +405,18 @@ class _Holder:
 
 
 _local = threading.local()
+#: forks this process descends through (a child's thread-locals hold its
+#: parent's teams, whose partner threads did not come along)
+_forks = 0
+
+
+def _after_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def team(threads: int) -> "_Team | None":
@@ -407,12 +427,12 @@ def team(threads: int) -> "_Team | None":
         return None
     h = getattr(_local, "holder", None)
     t = h.team if h is not None else None
-    if t is None or t.size != threads - 1 or os.getpid() != getattr(_local, "pid", None):
-        if t is not None and os.getpid() != getattr(_local, "pid", None):
+    if t is None or t.size != threads - 1 or _local.forks != _forks:
+        if t is not None and _local.forks != _forks:
             h.team = _Team(0)  # a forked child: the parent's partners are not here
         t = _Team(threads - 1)
         _local.holder = _Holder(t)  # the previous holder (if any) stops its team
-        _local.pid = os.getpid()
+        _local.forks = _forks
     t.ensure_awake()
     return t
 

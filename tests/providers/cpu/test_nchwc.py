@@ -10,7 +10,8 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from actorrt.providers.cpu import _conv_blocked as cb, _dw_blocked as dwb, _nchwc as nc, _threads
+from actorrt.providers.cpu import _conv_blocked as cb, _conv_split as cs, _dw_blocked as dwb
+from actorrt.providers.cpu import _nchwc as nc, _threads
 
 pytestmark = pytest.mark.skipif(not nc.HAVE_KERNEL, reason="no NCHWc kernels (AVX-512)")
 
@@ -57,7 +58,8 @@ def test_reorders_reject_other_shapes():
     (1, 32, 48, 14, 3, 1, 1, 1), (2, 24, 37, 11, 3, 2, 1, 1), (1, 64, 16, 9, 1, 1, 0, 1),
     (1, 28, 40, 13, 3, 1, 2, 2), (1, 3, 32, 33, 3, 2, 1, 1), (2, 48, 80, 7, 1, 2, 0, 1),
 ])
-def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d):
+def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d, monkeypatch):
+    monkeypatch.setattr(cs, "MIN_CONV_FLOPS", 0)  # two threads split even these
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = (RNG.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     b = RNG.standard_normal(m).astype(np.float32)
@@ -85,7 +87,8 @@ def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d):
 @pytest.mark.parametrize("n,c,hw,k,s,p", [(1, 32, 20, 3, 1, 1), (2, 40, 11, 3, 2, 1),
                                           (1, 26, 16, 5, 1, 2), (2, 48, 40, 3, 2, 1),
                                           (1, 64, 40, 5, 1, 2), (1, 40, 37, 3, 1, 1)])
-def test_depthwise_call_matches_reference(n, c, hw, k, s, p):
+def test_depthwise_call_matches_reference(n, c, hw, k, s, p, monkeypatch):
+    monkeypatch.setattr(cs, "MIN_DEPTHWISE_WORK", 0)  # two threads split even these
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
     b = RNG.standard_normal(c).astype(np.float32)

@@ -301,3 +301,49 @@ def test_run_items_checks_its_counts():
     with pytest.raises(ValueError):
         _partner.run_items(_partner.team(2), _axpy_items.address, 0, -1, 2)
     _partner.run_items(_partner.team(2), _axpy_items.address, 0, 0, 2)  # no items: no call
+
+
+def test_a_forked_child_gets_its_own_team():
+    # the parent's partner threads do not come along; the child's team() is new and works
+    import os
+    import sys
+
+    if not hasattr(os, "fork") or sys.platform == "darwin":
+        pytest.skip("fork")
+    parent = _partner.team(2)
+    x = RNG.standard_normal(257)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            t = _partner.team(2)
+            y = np.full(257, np.nan)
+            params = np.array([x.ctypes.data, y.ctypes.data, 257], np.int64)
+            _partner.run_items(t, _axpy_items.address, params.ctypes.data, 257, 8)
+            ok = t is not parent and t.threads[0].is_alive() and np.array_equal(y, 2 * x + 1)
+            os.write(w, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 2)
+    os.waitpid(pid, 0)
+    assert got == b"ok"
+    assert _partner.team(2) is parent  # the parent keeps its own
+
+
+@pytest.mark.parametrize("n,chunks", [(1, 1), (9, 4), (4097, 4096)])
+def test_post_items_from_a_compiled_caller(n, chunks):
+    # the compiled form of run_items: a compiled caller fills the block and posts it
+    from numba import njit
+
+    @njit(nogil=True)
+    def fill_and_post(ctrl, params, x, y, fn, items, chunks):
+        params[0], params[1], params[2] = x.ctypes.data, y.ctypes.data, x.size
+        return _partner.post_items(ctrl, fn, params.ctypes.data, items, chunks, 0)
+
+    x = RNG.standard_normal(n)
+    y = np.full(n, np.nan)
+    t = _partner.team(2)
+    mine = fill_and_post(t.ctrl, np.zeros(3, np.int64), x, y, _axpy_items.address, n, chunks)
+    assert 0 <= mine <= chunks
+    np.testing.assert_array_equal(y, 2 * x + 1)

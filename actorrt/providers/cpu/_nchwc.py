@@ -23,6 +23,7 @@ the blocks directly, so only the chain's ends are transposed.
   steps.
 * :func:`channel_affine` -- ``act(x * a[c] + t[c])`` (BatchNormalization
   folded to a per-channel affine, with its activation), blocked in and out.
+* :func:`global_mean` -- GlobalAveragePool, blocked in, ``(N, C)`` out.
 
 Every call runs its items on the compiled partners of :mod:`._partner` at
 more than one thread (one post a phase), else on the caller; an item's
@@ -41,7 +42,7 @@ from . import _dw_blocked as _dwb
 from . import _partner
 
 __all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", "ConvCall",
-           "DepthwiseCall", "channel_affine"]
+           "DepthwiseCall", "channel_affine", "global_mean"]
 
 LANES = 16
 #: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
@@ -145,6 +146,36 @@ if HAVE_KERNEL:
                       carray(_f32p(p[8]), (3,)), p[9], p[10], p[11], i0, i1)
 
     _AFFINE = _affine_items.address
+
+    @njit(nogil=True, cache=True)
+    def _mean_range(x, y, hw, cbn, c, start, stop):  # pragma: no cover - compiled
+        """Blocks ``[start, stop)`` (over every image's) of blocked ``x``: each
+        lane's float32 sum over the ``hw`` pixels in order divided by ``hw``,
+        into ``y`` (``(N, c)`` flat; lanes past ``c`` dropped)."""
+        acc = np.empty(LANES, np.float32)
+        div = np.float32(hw)
+        for blk in range(start, stop):
+            n, b = blk // cbn, blk % cbn
+            base = blk * hw * LANES
+            for j in range(LANES):
+                acc[j] = 0.0
+            for i in range(hw):
+                o = base + i * LANES
+                for j in range(LANES):
+                    acc[j] += x[o + j]
+            for j in range(min(LANES, c - b * LANES)):
+                y[n * c + b * LANES + j] = acc[j] / div
+
+    # params: x, y (address, size each), hw, CB, c
+    _MEAN_N = 7
+
+    @cfunc(_SIG, nogil=True, cache=True)
+    def _mean_items(params, i0, i1):  # pragma: no cover - compiled
+        p = carray(_i64p(params), (_MEAN_N,))
+        _mean_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)), p[4], p[5],
+                    p[6], i0, i1)
+
+    _MEAN = _mean_items.address
 
     # ------------------------------------------------------------ reorders
     # params: x, y (address, size each), c, hw, dst (address, size)
@@ -486,6 +517,14 @@ if HAVE_KERNEL:
         _post_jobs(ctrl, p, jobs, linger)
 
     @njit(nogil=True, cache=True)
+    def _mean_post(ctrl, jobs, linger, x, y, hw, cbn, c):  # pragma: no cover - compiled
+        """A global mean's block, posted."""
+        p = np.empty(_MEAN_N, np.int64)
+        p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, y.ctypes.data, y.size
+        p[4], p[5], p[6] = hw, cbn, c
+        _post_jobs(ctrl, p, jobs, linger)
+
+    @njit(nogil=True, cache=True)
     def _affine_post(ctrl, jobs, linger, x, a, t, y, ep, hw, cbn, c):  # pragma: no cover
         """An affine's block, posted."""
         p = np.empty(_AFF_N, np.int64)
@@ -708,6 +747,30 @@ def channel_affine(x: np.ndarray, a: np.ndarray, t: np.ndarray, c: int, alpha, l
         return y
     _affine_post(team.ctrl, _jobs((_AFFINE, items), threads=threads), _conv_split.LINGER_CYCLES,
                  x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c)
+    team.ensure_awake()
+    return y
+
+
+def global_mean(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
+    """GlobalAveragePool of blocked float32 ``x (N, CB, H, W, 16)`` of ``c``
+    channels: float32 ``(N, c)``, each channel's float32 sum over its plane
+    in pixel order divided by ``H * W``: GlobalAveragePool without a
+    reorder to NCHW first.
+
+    Raises:
+        ValueError: not a blocked array of ``c`` channels."""
+    if x.ndim != 5 or x.shape[4] != LANES or x.shape[1] != -(-c // LANES) or c < 1:
+        raise ValueError(f"global_mean takes (N, ceil({c}/16), H, W, 16), got {x.shape}")
+    n, cbn, h, w, _ = x.shape
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    y = np.empty((n, c), np.float32)
+    items = n * cbn
+    team = _team(threads, items) if x.size >= MIN_SPLIT_VALUES else None
+    if team is None:
+        _mean_range(xf, y.reshape(-1), h * w, cbn, c, 0, items)
+        return y
+    _mean_post(team.ctrl, _jobs((_MEAN, items), threads=threads), _conv_split.LINGER_CYCLES, xf,
+               y.reshape(-1), h * w, cbn, c)
     team.ensure_awake()
     return y
 

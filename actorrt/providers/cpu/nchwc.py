@@ -375,6 +375,7 @@ class NchwcGlobalAveragePool(Kernel):
 
     @classmethod
     def check(cls, node):
+        _require_kernels(node)
         require(int(node.attr("channels", 0)) >= 1, "NchwcGlobalAveragePool needs channels")
 
     def __init__(self, node):
@@ -387,10 +388,8 @@ class NchwcGlobalAveragePool(Kernel):
         if x.ndim != 5 or x.shape[4] != LANES or x.shape[1] != -(-c // LANES):
             raise ValueError(f"NchwcGlobalAveragePool {self.node.name!r}: input X has shape "
                              f"{x.shape}, expected (N, {-(-c // LANES)}, H, W, 16)")
-        n, cbn, h, w, _ = x.shape
-        s = x.reshape(n, cbn, h * w, LANES).sum(axis=2, dtype=np.float32)
-        y = (s.reshape(n, cbn * LANES)[:, :c] / np.float32(h * w)).astype(np.float32, copy=False)
-        return np.ascontiguousarray(y).reshape((n, c, 1, 1) if self._keep else (n, c))
+        y = _kernels().global_mean(np.ascontiguousarray(x, np.float32), c, _threads())
+        return y.reshape((x.shape[0], c, 1, 1) if self._keep else (x.shape[0], c))
 
 
 @cpu_kernel("NchwcPool", domain="ai.actorrt")

@@ -123,3 +123,18 @@ def test_channel_affine_matches_numpy(c, threads):
     np.testing.assert_allclose(nc.from_blocks(y, c), want, rtol=1e-6, atol=1e-6)
     flat = y.transpose(0, 2, 3, 1, 4).reshape(-1, y.shape[1] * 16)
     assert not flat[:, c:].any()
+
+
+@pytest.mark.parametrize("n,c,h,w", [(1, 1000, 13, 13), (3, 40, 2, 3), (2, 16, 7, 7),
+                                     (1, 13, 1, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_global_mean_matches_numpy(n, c, h, w, threads, monkeypatch):
+    monkeypatch.setattr(nc, "MIN_SPLIT_VALUES", 0)  # two threads split even these
+    _threads.apply(threads)
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    xb = np.ascontiguousarray(_blocks_ref(x))
+    y = nc.global_mean(xb, c, threads)
+    assert y.shape == (n, c) and y.dtype == np.float32
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        nc.global_mean(xb, c + 16, threads)

@@ -53,7 +53,12 @@ def _apply(fn: Callable, x: np.ndarray, axis: int | None, opset: int) -> np.ndar
         out = fn(xa.reshape(rows, -1), 1).reshape(x.shape)
     else:
         ax = norm_axis(-1 if axis is None else axis, x.ndim)
-        out = fn(xa, ax)
+        if ax < x.ndim - 1 and all(d == 1 for d in x.shape[ax + 1:]):
+            # only size-1 dims after the axis: the same rows as the last axis
+            # (a classifier's (N, C, 1, 1)), so the compiled row pass applies
+            out = fn(xa.reshape(x.shape[:ax + 1]), ax).reshape(x.shape)
+        else:
+            out = fn(xa, ax)
     return out.astype(x.dtype, copy=False)
 
 

@@ -34,3 +34,12 @@ def test_softmax_large_numbers(op):
 def test_softmax_float16(op):
     x = RNG.standard_normal((3, 17)).astype(np.float16)
     check_node(op, {"x": x}, opset=13, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("shape,axis", [((2, 1000, 1, 1), 1), ((3, 5, 1), 1), ((4, 7, 1, 1), -3),
+                                        ((1, 1, 6), 1), ((2, 3, 1, 2), 1)])
+def test_softmax_over_an_axis_followed_by_unit_dims(op, shape, axis):
+    # (N, C, 1, 1) classifier heads take the last-axis row pass; (2, 3, 1, 2) does not
+    x = RNG.standard_normal(shape).astype(np.float32)
+    check_node(op, {"x": x}, opset=13, peer="ort", axis=axis)

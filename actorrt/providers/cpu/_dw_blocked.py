@@ -280,6 +280,49 @@ if HAVE_KERNEL:
 
     _max_pixels, _avg_pixels = _pool_typer(True), _pool_typer(False)
 
+    def _max_fast_codegen(context, builder, sig, args):
+        """Up to :data:`PIXELS` output pixels of a MaxPool for 16 channels,
+        each lane ``max`` over the taps from ``-inf`` (``select(v > acc, v,
+        acc)``: one ``vmaxps``, a NaN tap never taken), stored as
+        :func:`_pool_pixels_codegen`'s; returns 1 where a stored lane is
+        ``-inf`` (a window of only NaN / ``-inf`` taps, whose IEEE ``maxNum``
+        may be NaN: the caller recomputes those pixels by
+        :func:`_max_pixels`), else 0. Where it returns 0 the values equal
+        :func:`_max_pixels`' (no lane's window held only NaNs, and the first
+        of equal taps is kept by both)."""
+        xa, ta, oa = (context.make_array(sig.args[i])(context, builder, args[i]).data
+                      for i in (0, 4, 7))
+        x_off, x_step, npix, kk, o_off = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5, 8))
+        pofs = [builder.select(builder.icmp_signed("<", _i64(p), npix),
+                               builder.mul(_i64(p), x_step), _i64(0)) for p in range(PIXELS)]
+        ninf = _splat(builder, ir.Constant(_f32, float("-inf")), LANES)
+        entry, loop, done, k, accs = _ct.open_loop(builder, kk, PIXELS, ninf, "maxf")
+        base = builder.add(x_off, builder.load(builder.gep(ta, [k])))
+        new = []
+        for p in range(PIXELS):
+            v = builder.load(_vptr(builder, xa, builder.add(base, pofs[p]), LANES), align=4)
+            new.append(builder.select(builder.fcmp_ordered(">", v, accs[p]), v, accs[p]))
+        finals = _ct.close_loop(builder, kk, entry, loop, done, k, accs, new, ninf)
+        i16 = ir.IntType(LANES)
+        flag = ir.Constant(i16, 0)
+        for p in range(PIXELS):
+            v = finals[p]
+            low = builder.bitcast(builder.fcmp_ordered("==", v, ninf), i16)
+            flag = builder.or_(flag, builder.select(builder.icmp_signed("<", _i64(p), npix),
+                                                    low, ir.Constant(i16, 0)))
+            with builder.if_then(builder.icmp_signed("<", _i64(p), npix), likely=True):
+                at = builder.add(o_off, _i64(p))
+                builder.store(v, _vptr(builder, oa, builder.mul(at, _i64(LANES)), LANES),
+                              align=4)
+        return builder.zext(builder.icmp_unsigned("!=", flag, ir.Constant(i16, 0)), _i64)
+
+    @intrinsic
+    def _max_pixels_fast(typingctx, xs, x_off, x_step, npix, toffs, kk, cnt, out, o_off):
+        if any(getattr(a, "dtype", None) != types.float32 for a in (xs, cnt, out)):
+            return None
+        return (types.int64(xs, x_off, x_step, npix, toffs, kk, cnt, out, o_off),
+                _max_fast_codegen)
+
     def _transpose16(builder, rows):
         """The 16 x 16 transpose of ``rows`` (16 ``<16 x float>``): four
         butterfly stages, each swapping the off-diagonal ``b x b`` blocks of
@@ -444,8 +487,10 @@ if HAVE_KERNEL:
                                 cb * kk * LANES, bias, c0, y, yb + oy * ow + ox, ohw, nvalid,
                                 z, has_z, alpha, lo, hi, os_, oy * ow + ox)
                     elif mode == 1:
-                        _max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
-                                    cnt, os_, oy * ow + ox)
+                        if _max_pixels_fast(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs,
+                                            kk, cnt, os_, oy * ow + ox):
+                            _max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
+                                        cnt, os_, oy * ow + ox)
                     else:
                         _avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs, kk,
                                     cnt, os_, oy * ow + ox)
@@ -460,6 +505,7 @@ if HAVE_KERNEL:
     planes_in, planes_out = _planes_in, _planes_out
     #: the per-row pixel steps (:mod:`._nchwc`'s blocked inputs and outputs)
     pixels, max_pixels, avg_pixels = _pixels, _max_pixels, _avg_pixels
+    max_pixels_fast = _max_pixels_fast
 
 
 def applies(x_shape, w_shape, group: int, out_shape) -> bool:

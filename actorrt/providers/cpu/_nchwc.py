@@ -17,17 +17,16 @@ the blocks directly, so only the chain's ends are transposed.
   does not), the tiles of :mod:`._conv_blocked` storing into the output's
   blocks with the epilogue (bias, residual, activation, lanes past the
   output channels zero) in their last reduction block's store.
-* :class:`DepthwiseCall` -- a depthwise conv, MaxPool or AveragePool,
-  blocked in and out: bands of input rows padded in a small scratch, then
-  :mod:`._dw_blocked`'s unrolled windows (3x3 / 5x5 depthwise) or pixel
-  steps.
+* depthwise convolutions and pools: :mod:`._nchwc_window`.
 * :func:`channel_affine` -- ``act(x * a[c] + t[c])`` (BatchNormalization
   folded to a per-channel affine, with its activation), blocked in and out.
 * :func:`global_mean` -- GlobalAveragePool, blocked in, ``(N, C)`` out.
 
 Every call runs its items on the compiled partners of :mod:`._partner` at
-more than one thread (one post a phase), else on the caller; an item's
-result does not depend on the thread that runs it.
+more than one thread, else on the caller; an item's result does not depend
+on the thread that runs it. A call fills its parameter block and posts its
+jobs in one compiled dispatch (:func:`post_jobs`, with :func:`job_rows` and
+:func:`call_team`: also :mod:`._nchwc_window`'s).
 """
 
 from __future__ import annotations
@@ -41,21 +40,15 @@ from . import _conv_split
 from . import _dw_blocked as _dwb
 from . import _partner
 
-__all__ = ["HAVE_KERNEL", "LANES", "blocked_shape", "to_blocks", "from_blocks", "ConvCall",
-           "DepthwiseCall", "channel_affine", "global_mean"]
+__all__ = ["HAVE_KERNEL", "LANES", "MIN_SPLIT_VALUES", "blocked_shape", "to_blocks",
+           "from_blocks", "ConvCall", "channel_affine", "global_mean", "call_team", "job_rows",
+           "post_jobs"]
 
 LANES = 16
-#: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
-#: (else its tap loop; unrolled MaxPool windows measured 1.5x slower than the
-#: tap loop on 3x3 / 2 64 x 111 x 111 and were dropped)
-WINDOWS = True
 #: reorders and affines of fewer values than this run on the calling thread
 #: (the partners' hand-off costs more; convolutions and pools use
 #: :mod:`._conv_split`'s thresholds)
 MIN_SPLIT_VALUES = 1 << 17
-#: input bytes of a band of output rows that the depthwise / pool kernels pad
-#: and read at a time (kept in L2 instead of a padded copy of the whole block)
-BAND_BYTES = 1 << 16
 #: numba, AVX-512 and the compiled partner hook
 HAVE_KERNEL = bool(_cb.HAVE_KERNEL and _dwb.HAVE_KERNEL and _partner.AVAILABLE)
 
@@ -75,8 +68,6 @@ if HAVE_KERNEL:
     _SIG = _partner.ITEMS_SIGNATURE
     _tile1, _tile2, _tile3, _tile4 = _cb.tile_ep1, _cb.tile_ep2, _cb.tile_ep3, _cb.tile_ep4
     _P1, _P2, _P3, _P4 = (_cb.TILE_PIXELS[b] for b in (1, 2, 3, 4))
-    _PIX = _dwb.PIXELS
-    _WIN = _dwb.WINDOW_PIXELS
     _KB = _cb.K_BLOCK_BYTES
 
     from llvmlite import ir as _ir
@@ -368,129 +359,16 @@ if HAVE_KERNEL:
                 _conv_in(p, i * per, (i + 1) * per)
             _conv_tiles(p, i * tiles, (i + 1) * tiles)
 
-    # ------------------------------------------------- depthwise and pools
-    # params: x, wt, bias, y, toffs, cnt (address, size each), ep, mode, CB,
-    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, m, window kind, kh, dh, band rows
-    _DW_N = 30
-
-    @njit(nogil=True, cache=True)
-    def _dw_range(x, wt, bias, y, toffs, cnt, ep, mode, cbn, h, w, oh, ow, sh, sw, pt, pl,
-                  hp, wp, m, win, kh, dh, band, start, stop):  # pragma: no cover - compiled
-        """Blocks ``[start, stop)`` (over every image's), in bands of ``band``
-        output rows: the band's input rows into a padded scratch (pads 0,
-        MaxPool ``-inf``; kept in cache), then its output rows stored to
-        ``y``'s block. ``mode``: 0 the depthwise conv with its epilogue, 1
-        MaxPool, 2 AveragePool (``cnt``: each output pixel's divisor);
-        ``win`` (mode 0) the unrolled window of
-        :func:`._dw_blocked.window_kind`, 0 the tap loop (steps of
-        :data:`._dw_blocked.PIXELS` pixels)."""
-        fill = -np.inf if mode == 1 else 0.0
-        brows = (band - 1) * sh + (kh - 1) * dh + 1
-        wrow = wp * LANES
-        # every row of a band is written before it is read; the slack past the
-        # last row (the windows' pixels past a row's end read on) is set once
-        xs = np.empty(brows * wrow + (_WIN * 2 + 5) * LANES, np.float32)
-        xs[brows * wrow:] = fill
-        ohw = oh * ow
-        kk = toffs.size
-        row = w * LANES
-        alpha, lo, hi = ep[0], ep[1], ep[2]
-        for t in range(start, stop):
-            cb = t % cbn
-            src = x[t * h * row:(t + 1) * h * row]
-            yo = t * ohw
-            yb = y[yo * LANES:(yo + ohw) * LANES]
-            for oy0 in range(0, oh, band):
-                oy1 = min(oh, oy0 + band)
-                iy0 = oy0 * sh - pt
-                nrows = (oy1 - oy0 - 1) * sh + (kh - 1) * dh + 1
-                for r in range(nrows):
-                    iy = iy0 + r
-                    rb = r * wrow
-                    if 0 <= iy < h:
-                        xs[rb:rb + pl * LANES] = fill
-                        _copy(xs, rb + pl * LANES, src, iy * row, row)
-                        xs[rb + pl * LANES + row:rb + wrow] = fill
-                    else:
-                        xs[rb:rb + wrow] = fill
-                if win:
-                    _window_rows(xs, wt, bias, yb, cb * kk * LANES, cb * LANES, oy0, oy1, ow, sh,
-                                 wrow, win, alpha, lo, hi)
-                else:
-                    for oy in range(oy0, oy1):
-                        xrow = (oy - oy0) * sh * wrow
-                        for ox in range(0, ow, _PIX):
-                            npix = min(_PIX, ow - ox)
-                            at = oy * ow + ox
-                            if mode == 0:
-                                _dwb.pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix, toffs,
-                                            kk, wt, cb * kk * LANES, bias, cb * LANES, yb, 0, 0,
-                                            LANES, yb, 0, alpha, lo, hi, yb, at)
-                            elif mode == 1:
-                                _dwb.max_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix,
-                                                toffs, kk, cnt, yb, at)
-                            else:
-                                _dwb.avg_pixels(xs, xrow + ox * sw * LANES, sw * LANES, npix,
-                                                toffs, kk, cnt, yb, at)
-            nvalid = m - cb * LANES
-            if mode == 0 and nvalid < LANES:  # the padded lanes' epilogue of 0
-                for i in range(ohw):
-                    y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
-
-    @njit(nogil=True, cache=True)
-    def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, alpha, lo,
-                     hi):  # pragma: no cover - compiled
-        """Output rows ``[oy0, oy1)`` of one block (the scratch's band from
-        ``oy0``) by the unrolled window ``win``."""
-        for oy in range(oy0, oy1):
-            xrow = (oy - oy0) * s * row
-            for ox in range(0, ow, _WIN):
-                npix = min(_WIN, ow - ox)
-                xo = xrow + ox * s * LANES
-                at = oy * ow + ox
-                if win == 1:
-                    _dwb.window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                elif win == 2:
-                    _dwb.window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                elif win == 3:
-                    _dwb.window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                else:
-                    _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-
-    @njit(nogil=True, cache=True)
-    def _dw_block(p, i0, i1):  # pragma: no cover - compiled
-        """:func:`_dw_range` on the operands of parameter block ``p``."""
-        _dw_range(carray(_f32p(p[0]), (p[1],)), carray(_f32p(p[2]), (p[3],)),
-                  carray(_f32p(p[4]), (p[5],)), carray(_f32p(p[6]), (p[7],)),
-                  carray(_i64p(p[8]), (p[9],)), carray(_f32p(p[10]), (p[11],)),
-                  carray(_f32p(p[12]), (3,)), p[13], p[14], p[15], p[16], p[17], p[18],
-                  p[19], p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28], p[29],
-                  i0, i1)
-
-    @cfunc(_SIG, nogil=True, cache=True)
-    def _dw_items(params, i0, i1):  # pragma: no cover - compiled
-        _dw_block(carray(_i64p(params), (_DW_N,)), i0, i1)
-
-    _DW = _dw_items.address
-
-    @njit(nogil=True, cache=True)
-    def _dw_fill(p, ep, x, bias, y, alpha, lo, hi):  # pragma: no cover - compiled
-        p[0], p[1], p[4], p[5] = x.ctypes.data, x.size, bias.ctypes.data, bias.size
-        p[6], p[7] = y.ctypes.data, y.size
-        ep[0], ep[1], ep[2] = alpha, lo, hi
-
-    @njit(nogil=True, cache=True)
-    def _dw_one_thread(p, ep, x, bias, y, alpha, lo, hi, items):  # pragma: no cover
-        _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
-        _dw_block(p, 0, items)
-
     # ------------------------------------------------------------- posting
     _post = _partner.post_items
 
     @njit(nogil=True, cache=True)
-    def _post_jobs(ctrl, p, jobs, linger):  # pragma: no cover - compiled
+    def post_jobs(ctrl, p, jobs, linger):  # pragma: no cover - compiled
         """Post parameter block ``p``'s jobs in order to the team of control
-        block ``ctrl``: ``jobs`` rows (kernel address, items, chunks)."""
+        block ``ctrl`` (:func:`._partner.post_items`; each job's items done on
+        return): ``jobs`` rows (kernel address, items, chunks) of
+        :func:`job_rows`. Compiled callers fill ``p`` first, in the same
+        dispatch; the Python caller then calls ``team.ensure_awake()``."""
         addr = p.ctypes.data
         for j in range(jobs.shape[0]):
             _post(ctrl, jobs[j, 0], addr, jobs[j, 1], jobs[j, 2], linger)
@@ -498,15 +376,9 @@ if HAVE_KERNEL:
     @njit(nogil=True, cache=True)
     def _conv_post(ctrl, jobs, linger, p, ep, x, bias, z, has_z, y, alpha, lo,
                    hi):  # pragma: no cover - compiled
-        """:func:`_conv_fill`, then :func:`_post_jobs` (one dispatch a call)."""
+        """:func:`_conv_fill`, then :func:`post_jobs` (one dispatch a call)."""
         _conv_fill(p, ep, x, bias, z, has_z, y, alpha, lo, hi)
-        _post_jobs(ctrl, p, jobs, linger)
-
-    @njit(nogil=True, cache=True)
-    def _dw_post(ctrl, jobs, linger, p, ep, x, bias, y, alpha, lo, hi):  # pragma: no cover
-        """:func:`_dw_fill`, then :func:`_post_jobs`."""
-        _dw_fill(p, ep, x, bias, y, alpha, lo, hi)
-        _post_jobs(ctrl, p, jobs, linger)
+        post_jobs(ctrl, p, jobs, linger)
 
     @njit(nogil=True, cache=True)
     def _reorder_post(ctrl, jobs, linger, x, y, dst, c, hw):  # pragma: no cover - compiled
@@ -514,7 +386,7 @@ if HAVE_KERNEL:
         p = np.empty(_RE_N, np.int64)
         p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, y.ctypes.data, y.size
         p[4], p[5], p[6], p[7] = c, hw, dst.ctypes.data, dst.size
-        _post_jobs(ctrl, p, jobs, linger)
+        post_jobs(ctrl, p, jobs, linger)
 
     @njit(nogil=True, cache=True)
     def _mean_post(ctrl, jobs, linger, x, y, hw, cbn, c):  # pragma: no cover - compiled
@@ -522,7 +394,7 @@ if HAVE_KERNEL:
         p = np.empty(_MEAN_N, np.int64)
         p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, y.ctypes.data, y.size
         p[4], p[5], p[6] = hw, cbn, c
-        _post_jobs(ctrl, p, jobs, linger)
+        post_jobs(ctrl, p, jobs, linger)
 
     @njit(nogil=True, cache=True)
     def _affine_post(ctrl, jobs, linger, x, a, t, y, ep, hw, cbn, c):  # pragma: no cover
@@ -531,15 +403,15 @@ if HAVE_KERNEL:
         p[0], p[1], p[2], p[3] = x.ctypes.data, x.size, a.ctypes.data, a.size
         p[4], p[5], p[6], p[7] = t.ctypes.data, t.size, y.ctypes.data, y.size
         p[8], p[9], p[10], p[11] = ep.ctypes.data, hw, cbn, c
-        _post_jobs(ctrl, p, jobs, linger)
+        post_jobs(ctrl, p, jobs, linger)
 
 
 def _addr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def _jobs(*jobs, threads: int, per_thread: int = 0) -> np.ndarray:
-    """:func:`_post_jobs`' rows for ``(kernel address, items)`` pairs: each
+def job_rows(*jobs, threads: int, per_thread: int = 0) -> np.ndarray:
+    """:func:`post_jobs`' rows for ``(kernel address, items)`` pairs: each
     cut into ``per_thread`` ranges a thread (0:
     :data:`._conv_split.CHUNKS_PER_THREAD`), at most its items and 4096."""
     per = per_thread or _conv_split.CHUNKS_PER_THREAD
@@ -547,7 +419,7 @@ def _jobs(*jobs, threads: int, per_thread: int = 0) -> np.ndarray:
                      for fn, items in jobs if items > 0], np.int64).reshape(-1, 3)
 
 
-def _team(threads: int, items: int):
+def call_team(threads: int, items: int):
     """The partner team a call of ``items`` items at ``threads`` threads
     posts to, or None (run it on the caller)."""
     return _conv_split.team_for(threads) if threads > 1 and items > 1 else None
@@ -583,11 +455,11 @@ def to_blocks(x: np.ndarray, threads: int = 1) -> np.ndarray:
     if threads <= 1 or items < 2 or y.size < MIN_SPLIT_VALUES:
         _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
         return y
-    team = _team(threads, items)
+    team = call_team(threads, items)
     if team is None:
         _to_range(xf, y.reshape(-1), dst, c, h * w, 0, items)
         return y
-    _reorder_post(team.ctrl, _jobs((_TO, items), threads=threads), _conv_split.LINGER_CYCLES,
+    _reorder_post(team.ctrl, job_rows((_TO, items), threads=threads), _conv_split.LINGER_CYCLES,
                   xf, y.reshape(-1), dst, c, h * w)
     team.ensure_awake()
     return y
@@ -609,11 +481,11 @@ def from_blocks(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
     if threads <= 1 or n * cbn < 2 or x.size < MIN_SPLIT_VALUES:
         _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
         return y
-    team = _team(threads, n * cbn)
+    team = call_team(threads, n * cbn)
     if team is None:
         _from_range(xf, y.reshape(-1), c, h * w, 0, n * cbn)
         return y
-    _reorder_post(team.ctrl, _jobs((_FROM, n * cbn), threads=threads),
+    _reorder_post(team.ctrl, job_rows((_FROM, n * cbn), threads=threads),
                   _conv_split.LINGER_CYCLES, xf, y.reshape(-1), _identity(LANES), c, h * w)
     team.ensure_awake()
     return y
@@ -685,9 +557,9 @@ class ConvCall:
         p[38], p[39] = per, int(self.xs_size > 0)
         self.params = p
         if self.images:
-            self.jobs = _jobs((_CONV_IMAGES, n), threads=threads, per_thread=1)
+            self.jobs = job_rows((_CONV_IMAGES, n), threads=threads, per_thread=1)
         else:
-            self.jobs = _jobs((_CONV_IN, self.in_items if self.xs_size else 0),
+            self.jobs = job_rows((_CONV_IN, self.in_items if self.xs_size else 0),
                               (_CONV_TILES, self.tile_items), threads=threads)
         # parameter blocks (with their epilogue floats and input scratch) of
         # the calls not running now: concurrent runs of a session each take one
@@ -717,7 +589,7 @@ class ConvCall:
             z = y
         blk = self._block()
         p, ep = blk[0], blk[1]
-        team = _team(self.threads, 2)
+        team = call_team(self.threads, 2)
         if team is None:
             _conv_one_thread(p, ep, x, bias, z, has_z, y, alpha, lo, hi, self.n)
         else:
@@ -741,11 +613,11 @@ def channel_affine(x: np.ndarray, a: np.ndarray, t: np.ndarray, c: int, alpha, l
     if threads <= 1 or items < 2 or x.size < MIN_SPLIT_VALUES:
         _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
         return y
-    team = _team(threads, items)
+    team = call_team(threads, items)
     if team is None:
         _affine_range(x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c, 0, items)
         return y
-    _affine_post(team.ctrl, _jobs((_AFFINE, items), threads=threads), _conv_split.LINGER_CYCLES,
+    _affine_post(team.ctrl, job_rows((_AFFINE, items), threads=threads), _conv_split.LINGER_CYCLES,
                  x.reshape(-1), a, t, y.reshape(-1), ep, h * w, cbn, c)
     team.ensure_awake()
     return y
@@ -765,84 +637,12 @@ def global_mean(x: np.ndarray, c: int, threads: int = 1) -> np.ndarray:
     xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     y = np.empty((n, c), np.float32)
     items = n * cbn
-    team = _team(threads, items) if x.size >= MIN_SPLIT_VALUES else None
+    team = call_team(threads, items) if x.size >= MIN_SPLIT_VALUES else None
     if team is None:
         _mean_range(xf, y.reshape(-1), h * w, cbn, c, 0, items)
         return y
-    _mean_post(team.ctrl, _jobs((_MEAN, items), threads=threads), _conv_split.LINGER_CYCLES, xf,
-               y.reshape(-1), h * w, cbn, c)
+    _mean_post(team.ctrl, job_rows((_MEAN, items), threads=threads),
+               _conv_split.LINGER_CYCLES, xf, y.reshape(-1), h * w, cbn, c)
     team.ensure_awake()
     return y
 
-
-class DepthwiseCall:
-    """A depthwise conv (``mode`` 0), MaxPool (1) or AveragePool (2) on
-    blocked ``(N, CB, H, W, 16)`` input of ``c`` channels, for one input
-    shape: :meth:`__call__` gives the blocked ``(N, CB, OH, OW, 16)``.
-
-    Args:
-        x_shape: the blocked input's shape.
-        c: channels.
-        wt: :func:`._dw_blocked.pack`'s weights (``mode`` 0; else unused).
-        kernel, strides, dilations, pads_begin, out: the geometry (pairs).
-        mode: 0, 1 or 2.
-        counts: AveragePool's divisor factors per output row and column.
-        threads: intra-op threads.
-    """
-
-    def __init__(self, x_shape, c: int, wt, kernel, strides, dilations, pads_begin, out,
-                 mode: int, counts, threads: int):
-        n, cbn, h, w, _ = x_shape
-        kh, kw = kernel
-        sh, sw = strides
-        dh, dw = dilations
-        pt, pl = pads_begin
-        oh, ow = out
-        hp, wp = _dwb.padded_extent(h, w, kernel, strides, dilations, pads_begin, out)
-        toffs = _dwb.tap_offsets(kh, kw, dh, dw, wp)
-        if mode == 2:
-            cnt = np.ascontiguousarray(np.multiply.outer(
-                np.asarray(counts[0], np.float32), np.asarray(counts[1], np.float32)).reshape(-1))
-        else:
-            cnt = np.ones(1, np.float32)
-        wt = np.zeros(LANES, np.float32) if wt is None else wt
-        self.x_shape = tuple(x_shape)
-        self.y_shape = (n, cbn, oh, ow, LANES)
-        self.items = n * cbn
-        work = n * c * oh * ow * kh * kw
-        if work < (_conv_split.MIN_DEPTHWISE_WORK if mode == 0 else _conv_split.MIN_POOL_WORK):
-            threads = 1  # a hand-off to the partners costs more than it saves
-        self.threads = threads
-        self._keep = (wt, toffs, cnt)
-        p = np.zeros(_DW_N, np.int64)
-        p[2], p[3] = _addr(wt), wt.size
-        p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(cnt), cnt.size
-        win = 0
-        if WINDOWS and mode == 0:
-            win = _dwb.window_kind(kernel, strides, dilations)
-        band = max(1, BAND_BYTES // (sh * wp * LANES * 4))
-        p[13:30] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win, kh, dh, band)
-        self.params = p
-        self.jobs = _jobs((_DW, self.items), threads=threads)
-        self._free: list = []  # (parameter block, epilogue floats) not in use
-
-    def __call__(self, x: np.ndarray, bias: np.ndarray | None, alpha=1.0, lo=-np.inf,
-                 hi=np.inf) -> np.ndarray:
-        """``x`` float32 C-contiguous of :attr:`x_shape`, ``bias`` the padded
-        ``(CB * 16,)`` float32 (mode 0)."""
-        y = np.empty(self.y_shape, np.float32)
-        try:
-            p, ep = self._free.pop()
-        except IndexError:
-            p, ep = self.params.copy(), np.zeros(3, np.float32)
-            p[12] = _addr(ep)
-        b = ep if bias is None else bias
-        a, l_, h_ = np.float32(alpha), np.float32(lo), np.float32(hi)
-        team = _team(self.threads, self.items)
-        if team is None:
-            _dw_one_thread(p, ep, x, b, y, a, l_, h_, self.items)
-        else:
-            _dw_post(team.ctrl, self.jobs, _conv_split.LINGER_CYCLES, p, ep, x, b, y, a, l_, h_)
-            team.ensure_awake()
-        self._free.append((p, ep))
-        return y

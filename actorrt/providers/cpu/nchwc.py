@@ -40,8 +40,8 @@ from ._conv_util import decode_str
 from .conv import node_geometry
 from .registry import cpu_kernel
 
-__all__ = ["available", "node_epilogue", "conv_kind", "pool_applies", "affine_applies", "ReorderInput",
-           "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool", "NchwcPool"]
+__all__ = ["available", "node_epilogue", "conv_kind", "pool_applies", "affine_applies",
+           "ReorderInput", "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool", "NchwcPool"]
 
 LANES = 16
 #: channels filling at least this share of their 16-lane blocks
@@ -58,6 +58,12 @@ def _kernels():
     """:mod:`._nchwc` (imported on first use: it loads numba)."""
     from . import _nchwc
     return _nchwc
+
+
+def _windows():
+    """:mod:`._nchwc_window` (imported on first use: it loads numba)."""
+    from . import _nchwc_window
+    return _nchwc_window
 
 
 def available() -> bool:
@@ -271,7 +277,7 @@ class NchwcConv(Kernel):
             wt, groups = self._packed
             return _kernels().ConvCall(x_shape, self._c, wt, groups, w.shape[0], kernel,
                                        strides, dil, pb, out, self._nchw, threads)
-        return _kernels().DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil,
+        return _windows().DepthwiseCall(x_shape, self._c, self._packed[0], kernel, strides, dil,
                                         pb, out, 0, None, threads)
 
     def _bias_for(self, b):
@@ -427,7 +433,7 @@ class NchwcPool(Kernel):
             counts = tuple(_counts(nchw[2 + i], kernel[i], strides[i], pb[i], pe[i], out[i],
                                    bool(int(self.node.attr("count_include_pad", 0))))
                            for i in range(2))
-        return _kernels().DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
+        return _windows().DepthwiseCall(x_shape, self._c, None, kernel, strides, dil, pb, out,
                                         1 if self._max else 2, counts, threads)
 
     def run(self, x):

@@ -1,6 +1,6 @@
-"""The NCHWc kernels (:mod:`actorrt.providers.cpu._nchwc`): the reorders against
-numpy's reshape / transpose, the blocked convolution and depthwise calls against the
-ONNX reference evaluator, the lanes past the channel count zero (also where the
+"""The NCHWc kernels (:mod:`actorrt.providers.cpu._nchwc`, :mod:`._nchwc_window`): the
+reorders against numpy's reshape / transpose, the blocked convolution and depthwise calls
+against the ONNX reference evaluator, the pools and global mean against numpy, the lanes past the channel count zero (also where the
 epilogue's lower bound is above 0), one and two threads giving the same bits."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from actorrt.providers.cpu import _conv_blocked as cb, _conv_split as cs, _dw_blocked as dwb
-from actorrt.providers.cpu import _nchwc as nc, _threads
+from actorrt.providers.cpu import _nchwc as nc, _nchwc_window as ncw, _threads
 
 pytestmark = pytest.mark.skipif(not nc.HAVE_KERNEL, reason="no NCHWc kernels (AVX-512)")
 
@@ -96,7 +96,7 @@ def test_depthwise_call_matches_reference(n, c, hw, k, s, p, monkeypatch):
     wt, bt = dwb.pack(w, b)
     outs = []
     for threads in (1, 2):
-        call = nc.DepthwiseCall(nc.blocked_shape(n, c, hw, hw), c, wt, (k, k), (s, s), (1, 1),
+        call = ncw.DepthwiseCall(nc.blocked_shape(n, c, hw, hw), c, wt, (k, k), (s, s), (1, 1),
                                 (p, p), ref.shape[2:], 0, None, threads)
         y = call(nc.to_blocks(x), bt, np.float32(0.1), np.float32(0.5), np.float32(np.inf))
         v = np.where(ref < 0, 0.1 * ref, ref)
@@ -138,3 +138,49 @@ def test_global_mean_matches_numpy(n, c, h, w, threads, monkeypatch):
     np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         nc.global_mean(xb, c + 16, threads)
+
+
+def _windows(x, k, s, p, d, fill):
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=fill)
+    e = (k - 1) * d + 1
+    v = np.lib.stride_tricks.sliding_window_view(xp, (e, e), axis=(2, 3))
+    return v[:, :, ::s, ::s, ::d, ::d]
+
+
+@pytest.mark.parametrize("n,c,hw,k,s,p,d", [
+    (1, 40, 21, 3, 2, 0, 1), (2, 16, 18, 3, 2, 1, 1), (1, 33, 20, 3, 1, 1, 1),
+    (2, 20, 16, 2, 2, 0, 1), (1, 16, 23, 3, 2, 1, 2), (1, 48, 30, 5, 3, 2, 1)])
+@pytest.mark.parametrize("direct", [True, False])
+def test_pool_calls_match_numpy(n, c, hw, k, s, p, d, direct, monkeypatch):
+    """MaxPool is IEEE maxNum over the window (numpy's fmax: a NaN loses to a
+    number, a window of only NaNs gives NaN, -inf stays); AveragePool divides
+    by the window (count_include_pad). The in-place reads and the band
+    scratch, one and two threads: the same bits."""
+    monkeypatch.setattr(ncw, "DIRECT", direct)
+    monkeypatch.setattr(cs, "MIN_POOL_WORK", 0)
+    x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
+    x[0, 0, 2:2 + 3 * d, 2:2 + 3 * d] = np.nan  # windows of only NaNs
+    x[0, 1, ::3, ::2] = np.nan  # NaNs among numbers
+    x[-1, 2, :4, :4] = -np.inf
+    x[-1, 3, 5, 5] = np.inf
+    oh = (hw + 2 * p - ((k - 1) * d + 1)) // s + 1
+    want_max = np.fmax.reduce(np.fmax.reduce(_windows(x, k, s, p, d, -np.inf), axis=-1), axis=-1)
+    xa = np.where(np.isfinite(x), x, 0).astype(np.float32)
+    want_avg = _windows(xa, k, s, p, d, 0).astype(np.float64).sum(axis=(-1, -2)) / (k * k)
+    counts = (np.full(oh, k, np.float32), np.full(oh, k, np.float32))
+    for mode, want in ((1, want_max), (2, want_avg)):
+        xin = x if mode == 1 else xa
+        outs = []
+        for threads in (1, 2):
+            _threads.apply(threads)
+            call = ncw.DepthwiseCall(nc.blocked_shape(n, c, hw, hw), c, None, (k, k), (s, s),
+                                    (d, d), (p, p), (oh, oh), mode, counts if mode == 2 else None,
+                                    threads)
+            y = call(nc.to_blocks(xin), None)
+            got = nc.from_blocks(y, c)
+            if mode == 1:
+                np.testing.assert_array_equal(got, want.astype(np.float32))
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            outs.append(y)
+        np.testing.assert_array_equal(outs[0], outs[1])

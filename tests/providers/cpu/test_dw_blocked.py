@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP, helper, numpy_helper
 
 import actorrt
-from actorrt.providers.cpu import _dw_blocked
+from actorrt.providers.cpu import _dw_blocked, _threads
 
 RNG = np.random.default_rng(7)
 
@@ -146,3 +146,23 @@ def test_two_threads_run_the_blocks_on_the_partners(monkeypatch):
     two = _dw_blocked.run(x, wt, bt, k, s, d, p[:2], _out(case), threads=2)
     assert posted == [(_conv_split.DWB_ITEMS, 3)]
     np.testing.assert_array_equal(two, _dw_blocked.run(x, wt, bt, k, s, d, p[:2], _out(case)))
+
+
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (3, 1, 1), (2, 2, 0)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_maxpool_is_maxnum_with_nans(k, s, p, threads):
+    """IEEE maxNum (numpy's fmax): a NaN loses to a number, a window of only
+    NaNs gives NaN, -inf and +inf stay (the one-max-a-tap pass, then the
+    exact loop on pixels with a lane at -inf)."""
+    _threads.apply(threads)
+    x = np.random.default_rng(5).standard_normal((2, 20, 17, 18)).astype(np.float32)
+    x[0, 0, 3:8, 3:8] = np.nan
+    x[0, 1, ::3, ::2] = np.nan
+    x[1, 2, :5, :5] = -np.inf
+    x[1, 3, 6, 6] = np.inf
+    oh, ow = (17 + 2 * p - k) // s + 1, (18 + 2 * p - k) // s + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf)
+    v = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::s, ::s]
+    want = np.fmax.reduce(np.fmax.reduce(v, axis=-1), axis=-1)[:, :, :oh, :ow]
+    got = _dw_blocked.pool(x, True, (k, k), (s, s), (1, 1), (p, p), (oh, ow), None, threads)
+    np.testing.assert_array_equal(got, want)

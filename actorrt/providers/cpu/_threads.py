@@ -17,6 +17,7 @@ __all__ = ["apply", "blas_threads", "current", "serial_blas"]
 
 _lock = threading.Lock()
 _blas: int | None = None  # BLAS threads last set through here
+_local = threading.local()  # .numba: the count this thread's numba was last set to here
 
 
 def blas_threads() -> int | None:
@@ -46,14 +47,17 @@ def apply(n: int | None) -> None:
                         for _, set_ in _raw_blas():
                             set_(n)
                 _blas = n
+    if getattr(_local, "numba", None) == n:
+        return  # this thread's numba count was set to n here (numba's own is per thread)
     numba = sys.modules.get("numba")
     # only once something compiled loaded it, and only once that import has
     # finished: another segment's thread may be importing numba right now (a
     # partially initialised module has no ``config`` yet)
     if numba is not None and hasattr(numba, "config") and hasattr(numba, "set_num_threads"):
         want = min(n, numba.config.NUMBA_NUM_THREADS)
-        if numba.get_num_threads() != want:
+        if numba.get_num_threads() != want:  # (~0.5 us: asked once a thread and count)
             numba.set_num_threads(want)
+        _local.numba = n
 
 
 _serial_lock = threading.Lock()

@@ -45,6 +45,12 @@ __all__ = ["HAVE_KERNEL", "LANES", "MIN_SPLIT_VALUES", "blocked_shape", "to_bloc
            "post_jobs"]
 
 LANES = 16
+#: a one-image convolution's tile items run output group by output group
+#: (each thread's share of the weights mostly its own), not pixels first
+GROUP_MAJOR = True
+#: the tile items' chunks a thread (0: :data:`._conv_split.CHUNKS_PER_THREAD`;
+#: 4096: every item claimed alone)
+TILE_CHUNKS = 4096
 #: reorders and affines of fewer values than this run on the calling thread
 #: (the partners' hand-off costs more; convolutions and pools use
 #: :mod:`._conv_split`'s thresholds)
@@ -217,7 +223,7 @@ if HAVE_KERNEL:
     # xs floats an image, h, w, pt, pl, hp, wp, input items an image,
     # planes, dst (address, size), geo (address), c, input items an image,
     # whether there is an input phase
-    _CONV_N = 40
+    _CONV_N = 41
 
     @njit(nogil=True, cache=True)
     def _pad_range(x, xs, h, w, pt, pl, hp, wp, start, stop):  # pragma: no cover - compiled
@@ -238,7 +244,7 @@ if HAVE_KERNEL:
 
     @njit(nogil=True, cache=True)
     def _tiles_range(xs, wt, groups, toffs, pix, bias, z, has_z, y, ep, ocb, m, ohw, chunk,
-                     nchunks, xs_img, start, stop):  # pragma: no cover - compiled
+                     nchunks, xs_img, group_major, start, stop):  # pragma: no cover - compiled
         """Items ``[start, stop)``, item ``(n * nchunks + q) * G + g``: output
         group ``g`` (``groups`` row: first block, blocks, weight offset) on
         pixels ``[q * chunk, (q + 1) * chunk)`` of image ``n``: the tiles
@@ -249,10 +255,16 @@ if HAVE_KERNEL:
         ng = groups.shape[0]
         alpha, lo, hi = ep[0], ep[1], ep[2]
         for it in range(start, stop):
-            g = it % ng
-            r = it // ng
-            q0 = (r % nchunks) * chunk
-            n = r // nchunks
+            if group_major:  # item (n * G + g) * nchunks + q
+                q0 = (it % nchunks) * chunk
+                r = it // nchunks
+                g = r % ng
+                n = r // ng
+            else:
+                g = it % ng
+                r = it // ng
+                q0 = (r % nchunks) * chunk
+                n = r // nchunks
             q1 = min(ohw, q0 + chunk)
             b0 = groups[g, 0]
             nb = groups[g, 1]
@@ -311,7 +323,7 @@ if HAVE_KERNEL:
         y = carray(_f32p(p[17]), (p[18],))
         ep = carray(_f32p(p[19]), (3,))
         _tiles_range(xs, wt, groups, toffs, pix, bias, z, p[16], y, ep, p[20], p[21], p[22],
-                     p[23], p[24], p[25], i0, i1)
+                     p[23], p[24], p[25], p[40], i0, i1)
 
     @cfunc(_SIG, nogil=True, cache=True)
     def _conv_in_items(params, i0, i1):  # pragma: no cover - compiled
@@ -543,6 +555,10 @@ class ConvCall:
         chunk = min(_cb.IMAGE_CHUNK if self.images else
                     _cb.chunk_pixels(ohw, ng * n, threads), -(-ohw // LANES) * LANES)
         nchunks = -(-ohw // chunk)
+        if not self.images:  # chunks of even size (the tiles' 6 / 8 pixels whole), not a
+            # short last one: 196 pixels in 72 + 72 + 52, not 96 + 96 + 4
+            chunk = min(chunk, -(-(-(-ohw // nchunks)) // 24) * 24)
+            nchunks = -(-ohw // chunk)
         self.tile_items = n * nchunks * ng
         self.n = n
         self.threads = threads
@@ -555,12 +571,16 @@ class ConvCall:
         p[33] = int(bool(planes))
         p[34], p[35], p[36], p[37] = _addr(dst), dst.size, _addr(geo), c
         p[38], p[39] = per, int(self.xs_size > 0)
+        p[40] = int(GROUP_MAJOR)
         self.params = p
         if self.images:
             self.jobs = job_rows((_CONV_IMAGES, n), threads=threads, per_thread=1)
         else:
             self.jobs = job_rows((_CONV_IN, self.in_items if self.xs_size else 0),
-                              (_CONV_TILES, self.tile_items), threads=threads)
+                              threads=threads)
+            self.jobs = np.concatenate([self.jobs, job_rows((_CONV_TILES, self.tile_items),
+                                                            threads=threads,
+                                                            per_thread=TILE_CHUNKS)])
         # parameter blocks (with their epilogue floats and input scratch) of
         # the calls not running now: concurrent runs of a session each take one
         self._free: list = []

@@ -40,6 +40,10 @@ WINDOWS = True
 #: scratch, the border columns through a window-sized patch); off: every row
 #: through the band scratch
 DIRECT = True
+#: ... depthwise convolutions too from this many output columns (a row's border
+#: patch costs about what the band copy of a short row does: 3x3 / 2 on 20 x 20
+#: 1.35x the band path's time, 40 x 40 1.04, 80 x 80 0.89, 112 x 112 0.77)
+DIRECT_DEPTHWISE_COLUMNS = 32
 #: input bytes of a band of output rows that the depthwise / pool kernels pad
 #: and read at a time (kept in L2 instead of a padded copy of the whole block)
 BAND_BYTES = 1 << 16
@@ -67,7 +71,7 @@ if HAVE_KERNEL:
     # columns [ox_lo, ox_hi), whether to read the interior in place
     _DW_N = 41
 
-    @njit(nogil=True, cache=True)
+    @njit(nogil=True, cache=True, inline="always")
     def _taps(mode, xs, off, step, npix, toffs, wt, wo, bias, bo, cnt, yb, at, alpha, lo,
               hi):  # pragma: no cover - compiled
         """``npix`` (at most :data:`._dw_blocked.PIXELS`) output pixels of one
@@ -120,8 +124,8 @@ if HAVE_KERNEL:
                               oy * ow + ox, alpha, lo, hi)
 
     @njit(nogil=True, cache=True)
-    def _direct_rows(src, patch, wt, bias, yb, td, tp, cnt, mode, cb, h, w, ow, sh, sw, pt,
-                     pl, win, kh, kw, dh, dw, fill, oy_a, oy_b, ox_lo, ox_hi, alpha, lo,
+    def _direct_rows(src, avail, patch, wt, bias, yb, td, tp, cnt, mode, cb, h, w, ow, sh, sw,
+                     pt, pl, win, kh, kw, dh, dw, fill, oy_a, oy_b, ox_lo, ox_hi, alpha, lo,
                      hi):  # pragma: no cover - compiled
         """Output rows ``[oy_a, oy_b)`` of one block whose windows lie inside
         the input's rows: columns ``[ox_lo, ox_hi)`` (windows inside the
@@ -135,15 +139,24 @@ if HAVE_KERNEL:
         ph = (kh - 1) * dh + 1
         pw = (kw - 1) * dw + 1
         wo, bo = cb * kk * LANES, cb * LANES
+        # floats a window reads from its first input vector on (``avail``: floats
+        # of the input from ``src``'s start)
+        reach = (kh - 1) * dh * row + ((_WIN - 1) * sw + (kw - 1) * dw + 1) * LANES
         for oy in range(oy_a, oy_b):
             iy = oy * sh - pt
             xrow = iy * row
             ox = ox_lo
             if win:
-                while ox + _WIN <= ox_hi:
-                    _window_at(src, xrow + (ox * sw - pl) * LANES, row, win, wt, wo, bias, bo,
-                               alpha, lo, hi, yb, oy * ow + ox)
-                    ox += _WIN
+                while ox < ox_hi:
+                    npix = min(_WIN, ox_hi - ox)
+                    xo = xrow + (ox * sw - pl) * LANES
+                    # a short window reads its 8 pixels' columns (past the row: the next
+                    # rows, inside the input); else the tap loop takes the tail
+                    if npix < _WIN and xo + reach > avail:
+                        break
+                    _window_at(src, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, yb,
+                               oy * ow + ox)
+                    ox += npix
             while ox < ox_hi:
                 npix = min(_PIX, ox_hi - ox)
                 _taps(mode, src, xrow + (ox * sw - pl) * LANES, sw * LANES, npix, td, wt, wo,
@@ -202,7 +215,8 @@ if HAVE_KERNEL:
             if direct:
                 _band_rows(src, xs, wt, bias, yb, toffs, cnt, mode, cb, h, w, ow, sh, sw, pt,
                            pl, wp, win, kh, dh, band, fill, 0, oy_lo, ep[0], ep[1], ep[2])
-                _direct_rows(src, patch, wt, bias, yb, td, tp, cnt, mode, cb, h, w, ow, sh, sw,
+                _direct_rows(src, x.size - t * h * row, patch, wt, bias, yb, td, tp, cnt, mode,
+                             cb, h, w, ow, sh, sw,
                              pt, pl, win, kh, kw, dh, dw, fill, oy_lo, oy_hi, ox_lo, ox_hi,
                              ep[0], ep[1], ep[2])
                 _band_rows(src, xs, wt, bias, yb, toffs, cnt, mode, cb, h, w, ow, sh, sw, pt,
@@ -215,19 +229,20 @@ if HAVE_KERNEL:
                 for i in range(ohw):
                     y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
 
-    @njit(nogil=True, cache=True)
-    def _window_at(xs, xo, row, win, wt, wo, bias, bo, alpha, lo, hi, yb,
+    @njit(nogil=True, cache=True, inline="always")
+    def _window_at(xs, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, yb,
                    at):  # pragma: no cover - compiled
-        """:data:`._dw_blocked.WINDOW_PIXELS` output pixels at ``yb``'s pixel
-        ``at`` by the unrolled window ``win`` from ``xs[xo]``."""
+        """``npix`` (at most :data:`._dw_blocked.WINDOW_PIXELS`) output pixels
+        at ``yb``'s pixel ``at`` by the unrolled window ``win`` from
+        ``xs[xo]`` (the window reads all its pixels' columns)."""
         if win == 1:
-            _dwb.window_3s1(xs, xo, row, _WIN, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+            _dwb.window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
         elif win == 2:
-            _dwb.window_3s2(xs, xo, row, _WIN, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+            _dwb.window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
         elif win == 3:
-            _dwb.window_5s1(xs, xo, row, _WIN, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+            _dwb.window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
         else:
-            _dwb.window_5s2(xs, xo, row, _WIN, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+            _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
 
     @njit(nogil=True, cache=True)
     def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, alpha, lo,
@@ -341,11 +356,10 @@ class DepthwiseCall:
         oy_hi = max(oy_lo, min(oh, (h - 1 + pt - (kh - 1) * dh) // sh + 1))
         ox_lo = min(ow, -(-pl // sw))
         ox_hi = max(ox_lo, min(ow, (w - 1 + pl - (kw - 1) * dw) // sw + 1))
-        # (pools only, and only strided ones where columns need padding: a
-        # depthwise conv's unrolled windows, and a stride-1 pool's rows, read
-        # the band scratch as fast as the blocks in place with border patches)
-        direct = DIRECT and mode != 0 and oy_hi > oy_lo and \
-            ox_hi - ox_lo >= max(_dwb.PIXELS, ow // 2) and \
+        # strided pools, and strided depthwise convs on wide rows; a stride-1 row
+        # with padded columns reads the band scratch as fast (measured)
+        direct = DIRECT and (mode != 0 or ow >= DIRECT_DEPTHWISE_COLUMNS) and \
+            oy_hi > oy_lo and ox_hi - ox_lo >= max(_dwb.PIXELS, ow // 2) and \
             (sw > 1 or (ox_lo == 0 and ox_hi == ow))
         td = _dwb.tap_offsets(kh, kw, dh, dw, w)
         tp = _dwb.tap_offsets(kh, kw, dh, dw, (kw - 1) * dw + 1)

@@ -86,9 +86,14 @@ def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d, monkeypatch):
 
 @pytest.mark.parametrize("n,c,hw,k,s,p", [(1, 32, 20, 3, 1, 1), (2, 40, 11, 3, 2, 1),
                                           (1, 26, 16, 5, 1, 2), (2, 48, 40, 3, 2, 1),
-                                          (1, 64, 40, 5, 1, 2), (1, 40, 37, 3, 1, 1)])
-def test_depthwise_call_matches_reference(n, c, hw, k, s, p, monkeypatch):
+                                          (1, 64, 40, 5, 1, 2), (1, 40, 37, 3, 1, 1),
+                                          (2, 40, 70, 3, 2, 1), (1, 16, 67, 5, 2, 2)])
+@pytest.mark.parametrize("direct", [True, False])
+def test_depthwise_call_matches_reference(n, c, hw, k, s, p, direct, monkeypatch):
+    # (the last two read their rows in place where ``direct``, short windows past a row's
+    # end included: the last block's last rows take the tap loop instead)
     monkeypatch.setattr(cs, "MIN_DEPTHWISE_WORK", 0)  # two threads split even these
+    monkeypatch.setattr(ncw, "DIRECT", direct)
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
     b = RNG.standard_normal(c).astype(np.float32)

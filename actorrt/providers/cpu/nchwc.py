@@ -37,6 +37,7 @@ import numpy as np
 from ... import tracing
 from .._contract import Kernel, NodeSpec, require
 from ._conv_util import decode_str
+from ._threads import current as _thread_count
 from .conv import node_geometry
 from .registry import cpu_kernel
 
@@ -131,8 +132,8 @@ def affine_applies(x_shape, act: str, act_params) -> bool:
 
 
 def _threads() -> int:
-    from . import _conv_direct as cdr
-    return cdr.current_threads()
+    """The intra-op thread count (:func:`._threads.current`: no numba import)."""
+    return _thread_count()
 
 
 def _require_kernels(node: NodeSpec) -> None:

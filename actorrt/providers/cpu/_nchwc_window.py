@@ -252,17 +252,8 @@ if HAVE_KERNEL:
         for oy in range(oy0, oy1):
             xrow = (oy - oy0) * s * row
             for ox in range(0, ow, _WIN):
-                npix = min(_WIN, ow - ox)
-                xo = xrow + ox * s * LANES
-                at = oy * ow + ox
-                if win == 1:
-                    _dwb.window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                elif win == 2:
-                    _dwb.window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                elif win == 3:
-                    _dwb.window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-                else:
-                    _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
+                _window_at(xs, xrow + ox * s * LANES, row, win, min(_WIN, ow - ox), wt, wo,
+                           bias, bo, alpha, lo, hi, yb, oy * ow + ox)
 
     @njit(nogil=True, cache=True)
     def _dw_block(p, i0, i1):  # pragma: no cover - compiled

@@ -165,7 +165,7 @@ if HAVE_SPLIT:
     # channel-blocked depthwise / pool block: x, wt, bias, z, y, toffs, cnt
     # (address, size each), has_z, ep (address: alpha, lo, hi), then mode, c,
     # h, w, oh, ow, sh, sw, pt, pl, hp, wp
-    _DWB_N = 28
+    _DWB_N = 29
     DWB_ITEMS = 0
     if _dwb.HAVE_KERNEL:
         @cfunc(_SIG, nogil=True, cache=True)
@@ -180,8 +180,8 @@ if HAVE_SPLIT:
             cnt = carray(_f32p(p[12]), (p[13],))
             ep = carray(_f32p(p[15]), (3,))
             _dwb.blocks_range(x, wt, bias, z, p[14], y, toffs, cnt, p[16], p[17], p[18], p[19],
-                              p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], ep[0],
-                              ep[1], ep[2], i0, i1)
+                              p[20], p[21], p[22], p[23], p[24], p[25], p[26], p[27], p[28],
+                              ep[0], ep[1], ep[2], i0, i1)
 
         DWB_ITEMS = _dwb_items.address
 
@@ -650,7 +650,7 @@ def depthwise_blocks(x, wt, bias, z, has_z: int, y, toffs, cnt, ints, ep: np.nda
     """:mod:`._dw_blocked`'s items ``0 .. items - 1`` (its ``_blocks``
     arguments: flat float32 ``x``, ``wt``, ``bias``, ``z``, ``y``, ``cnt``;
     int64 ``toffs``; ``ints`` ``(mode, c, h, w, oh, ow, sh, sw, pt, pl, hp,
-    wp)``; ``ep`` ``[alpha, lo, hi]`` float32) on the caller and its
+    wp, win)``; ``ep`` ``[alpha, lo, hi]`` float32) on the caller and its
     partners. False (nothing done) without a team (:func:`team_for`) or the
     kernel."""
     team = team_for(threads)

@@ -48,6 +48,10 @@ LANES = 16
 PIXELS = 4
 #: output pixels a call of the unrolled windows (:func:`window_kind`)
 WINDOW_PIXELS = 8
+#: depthwise convs without a residual take the unrolled windows (3x3 / 5x5,
+#: stride 1 / 2) into the block's output scratch (off: the tap loop, which
+#: reads the residual per pixel)
+WINDOWS = True
 HAVE_KERNEL = _ct.HAVE_KERNEL and _ct.VW == LANES
 #: take this kernel where :func:`applies` (off: the plane kernel everywhere)
 ENABLED = True
@@ -450,16 +454,21 @@ if HAVE_KERNEL:
 
     @njit(nogil=True, cache=True)
     def _blocks(x, wt, bias, z, has_z, y, toffs, cnt, mode, c, h, w, oh, ow, sh, sw, pt, pl,
-                hp, wp, alpha, lo, hi, start, stop):  # pragma: no cover - compiled
+                hp, wp, win, alpha, lo, hi, start, stop):  # pragma: no cover - compiled
         """Items ``[start, stop)`` = image * channel blocks + block: gather
         the block's 16 input planes into the padded channels-last scratch,
         then every output row in steps of :data:`PIXELS` pixels. ``x``, ``z``
         and ``y`` flat; ``toffs`` each tap's element offset in the scratch.
         ``mode``: 0 the depthwise conv (``wt``, ``bias``, ``z``, the
         epilogue), 1 MaxPool, 2 AveragePool (``cnt``: each output pixel's
-        divisor)."""
-        # the pads stay as set here: only the image's cells are written
-        xs = np.full(hp * wp * LANES, -np.inf if mode == 1 else 0.0, np.float32)
+        divisor). ``win`` (mode 0 without ``z``): the unrolled window of
+        :func:`window_kind`, else 0 (the tap loop, ``z`` read per pixel).
+        Every mode stores into the block's channels-last output scratch, then
+        transposes it into ``y``."""
+        # the pads stay as set here: only the image's cells are written; the
+        # slack past the last row is what a short window reads on into
+        xs = np.full(hp * wp * LANES + (WINDOW_PIXELS * 2 + 5) * LANES,
+                     -np.inf if mode == 1 else 0.0, np.float32)
         os_ = np.empty(oh * ow * LANES, np.float32)
         nb = (c + LANES - 1) // LANES
         hw = h * w
@@ -478,8 +487,15 @@ if HAVE_KERNEL:
             for p0 in range(0, hw, LANES):
                 _planes_in(x, xb, hw, nvalid, p0, xs, dst, min(LANES, hw - p0))
             yb = (n * c + c0) * ohw
+            windows = mode == 0 and win > 0 and has_z == 0
             for oy in range(oh):
                 xrow = oy * sh * wp * LANES
+                if windows:
+                    for ox in range(0, ow, WINDOW_PIXELS):
+                        _window_kind_at(xs, xrow + ox * sw * LANES, wp * LANES, win,
+                                        min(WINDOW_PIXELS, ow - ox), wt, cb * kk * LANES, bias,
+                                        c0, alpha, lo, hi, os_, oy * ow + ox)
+                    continue
                 for ox in range(0, ow, PIXELS):
                     npix = min(PIXELS, ow - ox)
                     if mode == 0:
@@ -496,6 +512,24 @@ if HAVE_KERNEL:
                                     cnt, os_, oy * ow + ox)
             for p0 in range(0, ohw, LANES):
                 _planes_out(os_, p0, y, yb, ohw, nvalid, min(LANES, ohw - p0))
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _window_kind_at(xs, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, out,
+                        at):  # pragma: no cover - compiled
+        """``npix`` (at most :data:`WINDOW_PIXELS`) output pixels by the
+        unrolled window ``win`` (:func:`window_kind`) from ``xs[xo]`` (it
+        reads all its pixels' columns) into ``out``'s pixel ``at``."""
+        if win == 1:
+            window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, at)
+        elif win == 2:
+            window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, at)
+        elif win == 3:
+            window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, at)
+        else:
+            window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, out, at)
+
+    #: one of the unrolled windows by its :func:`window_kind` (1-4)
+    window_at = _window_kind_at
 
     #: public name of :func:`_blocks` (the compiled split of :mod:`._conv_split`)
     blocks_range = _blocks
@@ -632,7 +666,8 @@ def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_s
     # is not present: docs/speed.md round 11)
     zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
     cnt = _EMPTY if cnt is None else cnt
-    ints = (mode, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp)
+    win = window_kind(kernel, strides, dilations) if mode == 0 and WINDOWS else 0
+    ints = (mode, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp, win)
     has_z = 0 if z is None else 1
     args = (xf, wt, bias, zf, has_z, yf, toffs, cnt, *ints, np.float32(alpha), np.float32(lo),
             np.float32(hi))

@@ -62,6 +62,7 @@ if HAVE_KERNEL:
     _PIX = _dwb.PIXELS
     _WIN = _dwb.WINDOW_PIXELS
     _post_jobs = _nchwc.post_jobs
+    _window_at = _dwb.window_at
 
     # ------------------------------------------------- depthwise and pools
     # params: x, wt, bias, y, toffs, cnt (address, size each), ep, mode, CB,
@@ -228,21 +229,6 @@ if HAVE_KERNEL:
             if mode == 0 and nvalid < LANES:  # the padded lanes' epilogue of 0
                 for i in range(ohw):
                     y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
-
-    @njit(nogil=True, cache=True, inline="always")
-    def _window_at(xs, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, yb,
-                   at):  # pragma: no cover - compiled
-        """``npix`` (at most :data:`._dw_blocked.WINDOW_PIXELS`) output pixels
-        at ``yb``'s pixel ``at`` by the unrolled window ``win`` from
-        ``xs[xo]`` (the window reads all its pixels' columns)."""
-        if win == 1:
-            _dwb.window_3s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-        elif win == 2:
-            _dwb.window_3s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-        elif win == 3:
-            _dwb.window_5s1(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-        else:
-            _dwb.window_5s2(xs, xo, row, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
 
     @njit(nogil=True, cache=True)
     def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, alpha, lo,

@@ -45,6 +45,11 @@ __all__ = ["HAVE_KERNEL", "LANES", "MIN_SPLIT_VALUES", "blocked_shape", "to_bloc
            "post_jobs"]
 
 LANES = 16
+#: convolutions of at least as many images as threads split from this many
+#: flops (whole images a thread: each thread reads the images it wrote in the
+#: node before; resnetish, 4 images, 0.95x the time at 2 threads against
+#: :data:`._conv_split.MIN_CONV_FLOPS`, which one-image splits keep)
+MIN_IMAGES_FLOPS = 1 << 18
 #: a one-image convolution's tile items run output group by output group
 #: (each thread's share of the weights mostly its own), not pixels first
 GROUP_MAJOR = True
@@ -547,7 +552,8 @@ class ConvCall:
             self.xs_size = n * img
         per = c if planes else icb
         self.in_items = n * per
-        if 2 * n * m * ohw * c * kernel[0] * kernel[1] < _conv_split.MIN_CONV_FLOPS:
+        flops = 2 * n * m * ohw * c * kernel[0] * kernel[1]
+        if flops < (MIN_IMAGES_FLOPS if n >= threads else _conv_split.MIN_CONV_FLOPS):
             threads = 1  # a hand-off to the partners costs more than it saves
         # whole images a thread where there are enough (one post, nothing
         # shared); else the input items, then (pixels, group) items of all

@@ -60,6 +60,7 @@ def test_reorders_reject_other_shapes():
 ])
 def test_conv_call_matches_reference(n, c, m, hw, k, s, p, d, monkeypatch):
     monkeypatch.setattr(cs, "MIN_CONV_FLOPS", 0)  # two threads split even these
+    monkeypatch.setattr(nc, "MIN_IMAGES_FLOPS", 0)
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = (RNG.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     b = RNG.standard_normal(m).astype(np.float32)

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-__all__ = ["apply", "blas_threads", "current", "serial_blas"]
+__all__ = ["apply", "blas_threads", "current", "numba_threads_set", "serial_blas"]
 
 _lock = threading.Lock()
 _blas: int | None = None  # BLAS threads last set through here
@@ -58,6 +58,13 @@ def apply(n: int | None) -> None:
         if numba.get_num_threads() != want:  # (~0.5 us: asked once a thread and count)
             numba.set_num_threads(want)
         _local.numba = n
+
+
+def numba_threads_set() -> None:
+    """Tell :func:`apply` that code other than it changed the calling
+    thread's numba thread count (``numba.set_num_threads``): its next call
+    on this thread asks numba again."""
+    _local.numba = None
 
 
 _serial_lock = threading.Lock()

@@ -42,7 +42,8 @@ from .conv import node_geometry
 from .registry import cpu_kernel
 
 __all__ = ["available", "node_epilogue", "conv_kind", "pool_applies", "affine_applies",
-           "ReorderInput", "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool", "NchwcPool"]
+           "ReorderInput", "ReorderOutput", "NchwcConv", "NchwcAffine", "NchwcGlobalAveragePool",
+           "NchwcPool"]
 
 LANES = 16
 #: channels filling at least this share of their 16-lane blocks

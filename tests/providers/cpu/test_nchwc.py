@@ -1,7 +1,8 @@
 """The NCHWc kernels (:mod:`actorrt.providers.cpu._nchwc`, :mod:`._nchwc_window`): the
 reorders against numpy's reshape / transpose, the blocked convolution and depthwise calls
-against the ONNX reference evaluator, the pools and global mean against numpy, the lanes past the channel count zero (also where the
-epilogue's lower bound is above 0), one and two threads giving the same bits."""
+against the ONNX reference evaluator, the pools and global mean against numpy, the lanes
+past the channel count zero (also where the epilogue's lower bound is above 0), one and
+two threads giving the same bits."""
 
 from __future__ import annotations
 

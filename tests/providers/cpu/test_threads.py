@@ -54,3 +54,24 @@ def test_serial_blas_from_another_thread_restores():
     finally:
         if before:
             _threads.apply(before[0])
+
+
+def test_apply_sets_numba_per_thread_and_hears_other_setters():
+    numba = __import__("pytest").importorskip("numba")
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        __import__("pytest").skip("numba has one thread")
+    got = []
+
+    def worker():
+        _threads.apply(2)
+        got.append(numba.get_num_threads())
+        _threads.apply(1)
+        got.append(numba.get_num_threads())
+        numba.set_num_threads(2)  # someone else on this thread (the LLM kernels' launcher)
+        _threads.numba_threads_set()
+        _threads.apply(1)
+        got.append(numba.get_num_threads())
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert got == [2, 1, 1]

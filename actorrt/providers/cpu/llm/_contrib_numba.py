@@ -23,6 +23,8 @@ import threading
 
 import numpy as np
 
+from .. import _threads
+
 __all__ = ["HAVE_NUMBA", "gemv_q8", "gemm_q8", "gqa_attention", "rms_norm", "skip_rms_norm",
            "num_threads", "set_num_threads", "warm_up"]
 
@@ -652,6 +654,7 @@ def _parallel(fn, *args):
         # numba's setting is per calling thread; changing it costs, so only on change
         if _THREADS is not None and numba.get_num_threads() != _THREADS:
             numba.set_num_threads(_THREADS)
+            _threads.numba_threads_set()
         return fn(*args)
 
 

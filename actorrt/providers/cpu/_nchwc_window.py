@@ -130,11 +130,12 @@ if HAVE_KERNEL:
                      hi):  # pragma: no cover - compiled
         """Output rows ``[oy_a, oy_b)`` of one block whose windows lie inside
         the input's rows: columns ``[ox_lo, ox_hi)`` (windows inside the
-        columns too) read the block in place (tap table ``td``: row stride
-        ``w``; full unrolled windows, the tail by the tap loop, which reads
-        no pixel past ``npix``); the border columns each from a ``(kh - 1) *
-        dh + 1`` x ``(kw - 1) * dw + 1`` patch of the input with ``fill``
-        outside it (tap table ``tp``)."""
+        columns too) read the block in place (``win``: the unrolled windows,
+        a short last one where the columns it reads past the row stay inside
+        the input, ``avail`` floats from ``src``'s start; else, and for the
+        pools, the tap loop on table ``td``, row stride ``w``, which reads no
+        pixel past ``npix``); the border columns each from a ``(kh - 1) * dh
+        + 1`` x ``(kw - 1) * dw + 1`` patch of the input (:func:`_patch_pixel`)."""
         kk = td.size
         row = w * LANES
         ph = (kh - 1) * dh + 1
@@ -163,27 +164,31 @@ if HAVE_KERNEL:
                 _taps(mode, src, xrow + (ox * sw - pl) * LANES, sw * LANES, npix, td, wt, wo,
                       bias, bo, cnt, yb, oy * ow + ox, alpha, lo, hi)
                 ox += npix
-            for ox in range(ow):
-                if ox == ox_lo:
-                    if ox_hi >= ow:
-                        break
-                    continue
-                if ox_lo < ox < ox_hi:
-                    continue
-                ix = ox * sw - pl
-                for r in range(ph):
-                    for q in range(pw):
-                        at = (r * pw + q) * LANES
-                        jx = ix + q
-                        if 0 <= jx < w:
-                            o = (iy + r) * row + jx * LANES
-                            for j in range(LANES):
-                                patch[at + j] = src[o + j]
-                        else:
-                            for j in range(LANES):
-                                patch[at + j] = fill
-                _taps(mode, patch, 0, 0, 1, tp, wt, wo, bias, bo, cnt, yb, oy * ow + ox, alpha,
-                      lo, hi)
+            for ox in range(0, ox_lo):
+                _patch_pixel(src, patch, tp, wt, wo, bias, bo, cnt, yb, mode, row, w, iy,
+                             ox * sw - pl, ph, pw, fill, oy * ow + ox, alpha, lo, hi)
+            for ox in range(ox_hi, ow):
+                _patch_pixel(src, patch, tp, wt, wo, bias, bo, cnt, yb, mode, row, w, iy,
+                             ox * sw - pl, ph, pw, fill, oy * ow + ox, alpha, lo, hi)
+
+    @njit(nogil=True, cache=True, inline="always")
+    def _patch_pixel(src, patch, tp, wt, wo, bias, bo, cnt, yb, mode, row, w, iy, ix, ph, pw,
+                     fill, at, alpha, lo, hi):  # pragma: no cover - compiled
+        """One border output pixel (``yb``'s pixel ``at``) from its window's
+        ``ph x pw`` patch of the input rows ``iy ..`` and columns ``ix ..``,
+        ``fill`` for the columns outside ``[0, w)`` (tap table ``tp``)."""
+        for r in range(ph):
+            for q in range(pw):
+                o = (r * pw + q) * LANES
+                jx = ix + q
+                if 0 <= jx < w:
+                    s0 = (iy + r) * row + jx * LANES
+                    for j in range(LANES):
+                        patch[o + j] = src[s0 + j]
+                else:
+                    for j in range(LANES):
+                        patch[o + j] = fill
+        _taps(mode, patch, 0, 0, 1, tp, wt, wo, bias, bo, cnt, yb, at, alpha, lo, hi)
 
     @njit(nogil=True, cache=True)
     def _dw_range(x, wt, bias, y, toffs, cnt, ep, mode, cbn, h, w, oh, ow, sh, sw, pt, pl,

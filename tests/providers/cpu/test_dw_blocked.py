@@ -168,3 +168,26 @@ def test_maxpool_is_maxnum_with_nans(k, s, p, threads):
     want = np.fmax.reduce(np.fmax.reduce(v, axis=-1), axis=-1)[:, :, :oh, :ow]
     got = _dw_blocked.pool(x, True, (k, k), (s, s), (1, 1), (p, p), (oh, ow), None, threads)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,s,p", [(3, 1, 1), (3, 2, 1), (5, 1, 2), (5, 2, 2), (2, 2, 0)])
+@pytest.mark.parametrize("include_pad", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_avgpool_matches_numpy(k, s, p, include_pad, threads):
+    """AveragePool: the window's sum divided by the taps counted (pads or
+    not); 3x3 / 5x5 at strides 1 / 2 run the unrolled windows with weights
+    of 1, the 2x2 the tap loop."""
+    _threads.apply(threads)
+    x = np.random.default_rng(6).standard_normal((2, 40, 19, 17)).astype(np.float32)
+    oh, ow = (19 + 2 * p - k) // s + 1, (17 + 2 * p - k) // s + 1
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    v = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::s, ::s]
+    sums = v.sum(axis=(-1, -2))[:, :, :oh, :ow]
+
+    def inside(n, o):
+        t = np.arange(o)[:, None] * s - p + np.arange(k)[None, :]
+        return ((t >= 0) & (t < n)).sum(axis=1).astype(np.float32)
+    counts = (np.full(oh, k, np.float32), np.full(ow, k, np.float32)) if include_pad else \
+        (inside(19, oh), inside(17, ow))
+    got = _dw_blocked.pool(x, False, (k, k), (s, s), (1, 1), (p, p), (oh, ow), counts, threads)
+    np.testing.assert_allclose(got, sums / np.multiply.outer(*counts), rtol=1e-5, atol=1e-6)

@@ -156,7 +156,8 @@ def _windows(x, k, s, p, d, fill):
 
 @pytest.mark.parametrize("n,c,hw,k,s,p,d", [
     (1, 40, 21, 3, 2, 0, 1), (2, 16, 18, 3, 2, 1, 1), (1, 33, 20, 3, 1, 1, 1),
-    (2, 20, 16, 2, 2, 0, 1), (1, 16, 23, 3, 2, 1, 2), (1, 48, 30, 5, 3, 2, 1)])
+    (2, 20, 16, 2, 2, 0, 1), (1, 16, 23, 3, 2, 1, 2), (1, 48, 30, 5, 3, 2, 1),
+    (1, 32, 25, 5, 1, 2, 1), (2, 20, 29, 5, 2, 2, 1)])
 @pytest.mark.parametrize("direct", [True, False])
 def test_pool_calls_match_numpy(n, c, hw, k, s, p, d, direct, monkeypatch):
     """MaxPool is IEEE maxNum over the window (numpy's fmax: a NaN loses to a
@@ -175,14 +176,19 @@ def test_pool_calls_match_numpy(n, c, hw, k, s, p, d, direct, monkeypatch):
     xa = np.where(np.isfinite(x), x, 0).astype(np.float32)
     want_avg = _windows(xa, k, s, p, d, 0).astype(np.float64).sum(axis=(-1, -2)) / (k * k)
     counts = (np.full(oh, k, np.float32), np.full(oh, k, np.float32))
-    for mode, want in ((1, want_max), (2, want_avg)):
+    # count_include_pad = 0: each output row's / column's taps inside the input
+    taps = np.arange(oh)[:, None] * s - p + np.arange(k)[None, :] * d
+    rows_in = cols_in = ((taps >= 0) & (taps < hw)).sum(axis=1).astype(np.float32)
+    want_avg0 = _windows(xa, k, s, p, d, 0).astype(np.float64).sum(axis=(-1, -2)) / \
+        np.multiply.outer(rows_in, cols_in)
+    for mode, want, cnts in ((1, want_max, None), (2, want_avg, counts),
+                             (2, want_avg0, (rows_in, cols_in))):
         xin = x if mode == 1 else xa
         outs = []
         for threads in (1, 2):
             _threads.apply(threads)
             call = ncw.DepthwiseCall(nc.blocked_shape(n, c, hw, hw), c, None, (k, k), (s, s),
-                                    (d, d), (p, p), (oh, oh), mode, counts if mode == 2 else None,
-                                    threads)
+                                     (d, d), (p, p), (oh, oh), mode, cnts, threads)
             y = call(nc.to_blocks(xin), None)
             got = nc.from_blocks(y, c)
             if mode == 1:

@@ -48,10 +48,9 @@ LANES = 16
 PIXELS = 4
 #: output pixels a call of the unrolled windows (:func:`window_kind`)
 WINDOW_PIXELS = 8
-#: depthwise convs without a residual and AveragePools (weights of 1, the
-#: sums divided after) take the unrolled windows (3x3 / 5x5, stride 1 / 2)
-#: into the block's output scratch (off: the tap loop, which reads the
-#: residual per pixel)
+#: depthwise convs without a residual take the unrolled windows (3x3 / 5x5,
+#: stride 1 / 2) into the block's output scratch (off: the tap loop, which
+#: reads the residual per pixel)
 WINDOWS = True
 HAVE_KERNEL = _ct.HAVE_KERNEL and _ct.VW == LANES
 #: take this kernel where :func:`applies` (off: the plane kernel everywhere)
@@ -462,9 +461,8 @@ if HAVE_KERNEL:
         and ``y`` flat; ``toffs`` each tap's element offset in the scratch.
         ``mode``: 0 the depthwise conv (``wt``, ``bias``, ``z``, the
         epilogue), 1 MaxPool, 2 AveragePool (``cnt``: each output pixel's
-        divisor). ``win`` (mode 0 without ``z``, or 2 with ``wt`` of ones and
-        ``bias`` of zeros): the unrolled window of :func:`window_kind`, else 0
-        (the tap loop, ``z`` read per pixel).
+        divisor). ``win`` (mode 0 without ``z``): the unrolled window of
+        :func:`window_kind`, else 0 (the tap loop, ``z`` read per pixel).
         Every mode stores into the block's channels-last output scratch, then
         transposes it into ``y``."""
         # the pads stay as set here: only the image's cells are written; the
@@ -489,20 +487,14 @@ if HAVE_KERNEL:
             for p0 in range(0, hw, LANES):
                 _planes_in(x, xb, hw, nvalid, p0, xs, dst, min(LANES, hw - p0))
             yb = (n * c + c0) * ohw
-            windows = mode != 1 and win > 0 and has_z == 0
+            windows = mode == 0 and win > 0 and has_z == 0
             for oy in range(oh):
                 xrow = oy * sh * wp * LANES
                 if windows:
                     for ox in range(0, ow, WINDOW_PIXELS):
-                        npix = min(WINDOW_PIXELS, ow - ox)
-                        at = oy * ow + ox
-                        _window_kind_at(xs, xrow + ox * sw * LANES, wp * LANES, win, npix, wt,
-                                        cb * kk * LANES, bias, c0, alpha, lo, hi, os_, at)
-                        if mode == 2:  # the window's sums (weights of 1) by the divisors
-                            for q in range(npix):
-                                dv = cnt[at + q]
-                                for j in range(LANES):
-                                    os_[(at + q) * LANES + j] /= dv
+                        _window_kind_at(xs, xrow + ox * sw * LANES, wp * LANES, win,
+                                        min(WINDOW_PIXELS, ow - ox), wt, cb * kk * LANES, bias,
+                                        c0, alpha, lo, hi, os_, oy * ow + ox)
                     continue
                 for ox in range(0, ow, PIXELS):
                     npix = min(PIXELS, ow - ox)
@@ -625,22 +617,6 @@ def pool(x: np.ndarray, is_max: bool, kernel, strides, dilations, pads_begin, ou
 _EMPTY = np.zeros(LANES, np.float32)
 
 
-@functools.lru_cache(maxsize=64)
-def _ones(size: int) -> np.ndarray:
-    """float32 ones (read-only, kept: AveragePool's window weights)."""
-    a = np.ones(size, np.float32)
-    a.flags.writeable = False
-    return a
-
-
-@functools.lru_cache(maxsize=64)
-def _zeros(size: int) -> np.ndarray:
-    """float32 zeros (read-only, kept: AveragePool's window bias)."""
-    a = np.zeros(size, np.float32)
-    a.flags.writeable = False
-    return a
-
-
 @functools.lru_cache(maxsize=256)
 def _tap_offsets(kh: int, kw: int, dh: int, dw: int, wp: int) -> np.ndarray:
     """Each tap's element offset in the channels-last scratch (read-only)."""
@@ -690,11 +666,7 @@ def _drive(x, mode, wt, bias, cnt, kernel, strides, dilations, pads_begin, out_s
     # is not present: docs/speed.md round 11)
     zf = yf if z is None else np.ascontiguousarray(z, dtype=np.float32).reshape(-1)
     cnt = _EMPTY if cnt is None else cnt
-    win = window_kind(kernel, strides, dilations) if mode != 1 and WINDOWS else 0
-    if mode == 2 and win:  # AveragePool by the windows: weights of 1, a bias of 0
-        nb = -(-c // LANES)
-        wt = _ones(nb * kernel[0] * kernel[1] * LANES)
-        bias = _zeros(nb * LANES)
+    win = window_kind(kernel, strides, dilations) if mode == 0 and WINDOWS else 0
     ints = (mode, c, h, w, oh, ow, sh, sw, pt, pl, hp, wp, win)
     has_z = 0 if z is None else 1
     args = (xf, wt, bias, zf, has_z, yf, toffs, cnt, *ints, np.float32(alpha), np.float32(lo),

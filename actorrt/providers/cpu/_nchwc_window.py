@@ -31,10 +31,9 @@ from ._nchwc import LANES, call_team, job_rows
 
 __all__ = ["HAVE_KERNEL", "WINDOWS", "DIRECT", "BAND_BYTES", "DepthwiseCall"]
 
-#: depthwise 3x3 / 5x5 convolutions and AveragePools (weights of 1, the sums
-#: divided after) by the unrolled windows of :mod:`._dw_blocked` (else its tap
-#: loop; unrolled MaxPool windows measured 1.5x slower than the tap loop on 3x3
-#: / 2 64 x 111 x 111 and were dropped)
+#: depthwise 3x3 / 5x5 convolutions by the unrolled windows of :mod:`._dw_blocked`
+#: (else its tap loop; unrolled MaxPool windows measured 1.5x slower than the
+#: tap loop on 3x3 / 2 64 x 111 x 111 and were dropped)
 WINDOWS = True
 #: depthwise convolutions and pools read the input rows and columns that
 #: need no padding in place (only the border rows go through the padded band
@@ -116,7 +115,7 @@ if HAVE_KERNEL:
                     xs[rb:rb + wrow] = fill
             if win:
                 _window_rows(xs, wt, bias, yb, cb * kk * LANES, cb * LANES, oy0, oy1, ow, sh,
-                             wrow, win, mode, cnt, alpha, lo, hi)
+                             wrow, win, alpha, lo, hi)
             else:
                 for oy in range(oy0, oy1):
                     xrow = (oy - oy0) * sh * wrow
@@ -157,8 +156,8 @@ if HAVE_KERNEL:
                     # rows, inside the input); else the tap loop takes the tail
                     if npix < _WIN and xo + reach > avail:
                         break
-                    _window_taps(src, xo, row, win, npix, wt, wo, bias, bo, mode, cnt, alpha,
-                                 lo, hi, yb, oy * ow + ox)
+                    _window_at(src, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, yb,
+                               oy * ow + ox)
                     ox += npix
             while ox < ox_hi:
                 npix = min(_PIX, ox_hi - ox)
@@ -201,7 +200,7 @@ if HAVE_KERNEL:
         ``direct`` the output rows ``[oy_lo, oy_hi)`` read the block in
         place (:func:`_direct_rows`) and only the rows above and below go
         through bands of a padded scratch (:func:`_band_rows`); else every
-        row does. ``win`` (modes 0, 2) the unrolled window of
+        row does. ``win`` (mode 0) the unrolled window of
         :func:`._dw_blocked.window_kind`, 0 the tap loop."""
         fill = -np.inf if mode == 1 else 0.0
         brows = (band - 1) * sh + (kh - 1) * dh + 1
@@ -237,29 +236,15 @@ if HAVE_KERNEL:
                     y[(yo + i) * LANES + nvalid:(yo + i + 1) * LANES] = 0.0
 
     @njit(nogil=True, cache=True)
-    def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, mode, cnt, alpha,
-                     lo, hi):  # pragma: no cover - compiled
+    def _window_rows(xs, wt, bias, yb, wo, bo, oy0, oy1, ow, s, row, win, alpha, lo,
+                     hi):  # pragma: no cover - compiled
         """Output rows ``[oy0, oy1)`` of one block (the scratch's band from
-        ``oy0``) by the unrolled window ``win`` (:func:`_window_taps`)."""
+        ``oy0``) by the unrolled window ``win``."""
         for oy in range(oy0, oy1):
             xrow = (oy - oy0) * s * row
             for ox in range(0, ow, _WIN):
-                _window_taps(xs, xrow + ox * s * LANES, row, win, min(_WIN, ow - ox), wt, wo,
-                             bias, bo, mode, cnt, alpha, lo, hi, yb, oy * ow + ox)
-
-    @njit(nogil=True, cache=True, inline="always")
-    def _window_taps(xs, xo, row, win, npix, wt, wo, bias, bo, mode, cnt, alpha, lo, hi, yb,
-                     at):  # pragma: no cover - compiled
-        """``npix`` output pixels by the unrolled window ``win``: the depthwise
-        conv (``mode`` 0), or an AveragePool (2: weights of 1 and a bias of
-        0, the sums then divided by ``cnt``, each pixel's divisor)."""
-        _window_at(xs, xo, row, win, npix, wt, wo, bias, bo, alpha, lo, hi, yb, at)
-        if mode == 2:
-            for p in range(npix):
-                d = cnt[at + p]
-                o = (at + p) * LANES
-                for j in range(LANES):
-                    yb[o + j] = yb[o + j] / d
+                _window_at(xs, xrow + ox * s * LANES, row, win, min(_WIN, ow - ox), wt, wo,
+                           bias, bo, alpha, lo, hi, yb, oy * ow + ox)
 
     @njit(nogil=True, cache=True)
     def _dw_block(p, i0, i1):  # pragma: no cover - compiled
@@ -330,14 +315,6 @@ class DepthwiseCall:
                 np.asarray(counts[0], np.float32), np.asarray(counts[1], np.float32)).reshape(-1))
         else:
             cnt = np.ones(1, np.float32)
-        win = 0
-        if WINDOWS and mode != 1:
-            win = _dwb.window_kind(kernel, strides, dilations)
-        if mode == 2 and win:  # the windows' sums: weights of 1, a bias of 0
-            wt = np.ones(cbn * kh * kw * LANES, np.float32)
-            self._bias = np.zeros(cbn * LANES, np.float32)
-        else:
-            self._bias = None
         wt = np.zeros(LANES, np.float32) if wt is None else wt
         self.x_shape = tuple(x_shape)
         self.y_shape = (n, cbn, oh, ow, LANES)
@@ -350,6 +327,9 @@ class DepthwiseCall:
         p = np.zeros(_DW_N, np.int64)
         p[2], p[3] = _addr(wt), wt.size
         p[8], p[9], p[10], p[11] = _addr(toffs), toffs.size, _addr(cnt), cnt.size
+        win = 0
+        if WINDOWS and mode == 0:
+            win = _dwb.window_kind(kernel, strides, dilations)
         band = max(1, BAND_BYTES // (sh * wp * LANES * 4))
         p[13:30] = (mode, cbn, h, w, oh, ow, sh, sw, pt, pl, hp, wp, c, win, kh, dh, band)
         # the output rows / columns whose windows lie inside the input: read in place
@@ -382,7 +362,7 @@ class DepthwiseCall:
         except IndexError:
             p, ep = self.params.copy(), np.zeros(3, np.float32)
             p[12] = _addr(ep)
-        b = bias if bias is not None else ep if self._bias is None else self._bias
+        b = ep if bias is None else bias
         a, l_, h_ = np.float32(alpha), np.float32(lo), np.float32(hi)
         team = call_team(self.threads, self.items)
         if team is None:

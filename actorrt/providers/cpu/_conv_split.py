@@ -164,7 +164,7 @@ if HAVE_SPLIT:
 
     # channel-blocked depthwise / pool block: x, wt, bias, z, y, toffs, cnt
     # (address, size each), has_z, ep (address: alpha, lo, hi), then mode, c,
-    # h, w, oh, ow, sh, sw, pt, pl, hp, wp
+    # h, w, oh, ow, sh, sw, pt, pl, hp, wp, window kind
     _DWB_N = 29
     DWB_ITEMS = 0
     if _dwb.HAVE_KERNEL:
